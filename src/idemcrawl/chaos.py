@@ -1,0 +1,338 @@
+"""The kill test (``idemcrawl chaos``): the article's experiment, reproducible with one command.
+
+A crawl of the test shop is SIGKILLed (its whole process group, parser processes included) at a
+uniform random moment in ``[min, max]`` seconds after its first request reaches the server,
+``kills`` times, then left to finish. The same schedule is applied to a deliberately naive
+scraper and to idemcrawl, ``runs`` times with seeded randomness, and both are checked against the
+shop's known contents. The shop counts every request per path, so repeated requests are
+measured at the server.
+
+"In flight at a kill" is measured from the crawl database right after each kill: URLs that were
+leased and not yet committed (fetching, parsing, or waiting in the group-commit batch). Those are
+the only pages a restart may fetch again, so idemcrawl's guarantee is checked as
+``repeated requests <= sum of in-flight-at-kill``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .testsite import ShopConfig, ShopServer, expected_products
+
+SPIDER = "idemcrawl.testsite.shop_spider:ShopSpider"
+NAIVE_LATENCY_MS = 25.0
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    runs: int = 5
+    kills: int = 10
+    min_s: float = 0.2
+    max_s: float = 1.0
+    seed: int = 1
+    concurrency: int = 4
+    vary_concurrency: bool = False
+    latency_ms: float | None = None
+    listings: int = 25
+    per_page: int = 20
+    naive: bool = True
+    #: A single run's hard limit, so the command always ends.
+    run_timeout: float = 600.0
+
+    def idem_latency(self) -> float:
+        """Enough latency that a full crawl takes ~13 s, so kills land mid-crawl."""
+        if self.latency_ms is not None:
+            return self.latency_ms
+        return NAIVE_LATENCY_MS * (8 if self.vary_concurrency else self.concurrency)
+
+
+@dataclass
+class RunResult:
+    crawler: str
+    run: int
+    rows: int = 0
+    distinct: int = 0
+    correct: int = 0
+    missing: int = 0
+    requests: int = 0
+    repeated: int = 0
+    in_flight_at_kills: list[int] = field(default_factory=list)
+    kills_landed: int = 0
+    concurrencies: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    exit_code: int | None = None
+    group_commit_max: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class ChaosReport:
+    options: ChaosOptions
+    results: list[RunResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results if r.crawler == "idemcrawl")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "options": asdict(self.options),
+            "ok": self.ok,
+            "results": [asdict(r) | {"ok": r.ok} for r in self.results],
+        }
+
+    def table(self) -> str:
+        o = self.options
+        expected = o.listings * o.per_page
+        head = (
+            f"kill test: {o.listings} listings x {o.per_page} products = {expected} products, "
+            f"{expected + o.listings} requests for a full crawl; {o.kills} SIGKILLs per run at "
+            f"U[{o.min_s}, {o.max_s}] s after the first request; seed {o.seed}\n"
+            f"idemcrawl: concurrency {'varied 1-16' if o.vary_concurrency else o.concurrency}, "
+            f"server latency {o.idem_latency():g} ms; naive: sequential, {NAIVE_LATENCY_MS:g} ms\n"
+        )
+        cols = (
+            "crawler",
+            "run",
+            "rows",
+            "correct",
+            "distinct",
+            "missing",
+            "requests",
+            "repeated",
+            "in flight at kills",
+            "kills",
+            "wall s",
+            "verdict",
+        )
+        lines = [cols]
+        for r in self.results:
+            verdict = "ok" if r.ok else "; ".join(r.problems)
+            if r.crawler == "naive":
+                verdict = "baseline"
+            lines.append(
+                (
+                    r.crawler,
+                    str(r.run),
+                    str(r.rows),
+                    str(r.correct),
+                    str(r.distinct),
+                    str(r.missing),
+                    str(r.requests),
+                    str(r.repeated),
+                    f"{sum(r.in_flight_at_kills)} {r.in_flight_at_kills}"
+                    if r.crawler != "naive"
+                    else "-",
+                    str(r.kills_landed),
+                    f"{r.wall_s:.1f}",
+                    verdict,
+                )
+            )
+        widths = [max(len(row[i]) for row in lines) for i in range(len(cols))]
+        out = [head]
+        for i, row in enumerate(lines):
+            out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+            if i == 0:
+                out.append("  ".join("-" * w for w in widths))
+        gc = max((r.group_commit_max for r in self.results), default=0)
+        out.append(
+            f"\nidemcrawl group-commit bound: <= {gc} completions per transaction "
+            "(included in 'in flight': leased and not yet committed at the kill)"
+        )
+        out.append(
+            "RESULT: "
+            + (
+                "idemcrawl kept its guarantees in every run"
+                if self.ok
+                else "idemcrawl MISSED its guarantees"
+            )
+        )
+        return "\n".join(out)
+
+
+def _wait_first_request(
+    server: ShopServer, before: int, proc: subprocess.Popen[bytes], timeout: float
+) -> bool:
+    """Block until the server has seen a request from this process (or the process ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if int(server.stats()["total"]) > before:  # type: ignore[call-overload]
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.002)
+    return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _leased_now(db: str) -> int:
+    if not os.path.exists(db):
+        return 0
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        return con.execute("SELECT count(*) FROM urls WHERE state = 'leased'").fetchone()[0]
+    except sqlite3.DatabaseError:
+        return 0
+    finally:
+        con.close()
+
+
+def _idem_cmd(seed_url: str, db: str, concurrency: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "idemcrawl",
+        "crawl",
+        seed_url,
+        "--db",
+        db,
+        "--spider",
+        SPIDER,
+        "--concurrency",
+        str(concurrency),
+        "--host-concurrency",
+        str(concurrency),
+        "--delay",
+        "0",
+        "--allow-private",
+        "127.0.0.1",
+        "--quiet",
+    ]
+
+
+def _naive_cmd(seed_url: str, db: str) -> list[str]:
+    return [sys.executable, "-m", "idemcrawl.naive", seed_url, db]
+
+
+def _one_run(
+    crawler: str, run: int, opts: ChaosOptions, workdir: str, log: Callable[[str], None]
+) -> RunResult:
+    rng = random.Random(f"{opts.seed}:{run}:{crawler}")
+    latency = NAIVE_LATENCY_MS if crawler == "naive" else opts.idem_latency()
+    shop = ShopConfig(opts.listings, opts.per_page, latency)
+    db = os.path.join(workdir, f"{crawler}-{run}.db")
+    res = RunResult(crawler, run)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with ShopServer(shop) as server:
+        t0 = time.monotonic()
+        for _ in range(opts.kills + 1):
+            final = len(res.concurrencies) == opts.kills
+            conc = rng.choice((1, 2, 4, 8, 16)) if opts.vary_concurrency else opts.concurrency
+            cmd = (
+                _naive_cmd(server.seed_url, db)
+                if crawler == "naive"
+                else _idem_cmd(server.seed_url, db, conc)
+            )
+            res.concurrencies.append(conc)
+            before = int(server.stats()["total"])  # type: ignore[call-overload]
+            proc = subprocess.Popen(
+                cmd,
+                start_new_session=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            if final:
+                try:
+                    _, err = proc.communicate(timeout=opts.run_timeout)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc)
+                    res.problems.append("final run timed out")
+                    err = b""
+                res.exit_code = proc.returncode
+                if proc.returncode != 0:
+                    res.problems.append(
+                        f"final run exited {proc.returncode}: "
+                        f"{err.decode(errors='replace').strip()[-300:]}"
+                    )
+                break
+            if not _wait_first_request(server, before, proc, timeout=60):
+                if proc.poll() is None:
+                    _kill_group(proc)
+                continue  # finished (or never started) before we could kill it
+            time.sleep(rng.uniform(opts.min_s, opts.max_s))
+            if proc.poll() is None:
+                _kill_group(proc)
+                res.kills_landed += 1
+                if crawler != "naive":
+                    res.in_flight_at_kills.append(_leased_now(db))
+            else:
+                proc.wait()
+        res.wall_s = time.monotonic() - t0
+        stats = server.stats()
+    paths: dict[str, int] = stats["paths"]  # type: ignore[assignment]
+    res.requests = int(stats["total"])  # type: ignore[call-overload]
+    res.repeated = sum(n - 1 for n in paths.values() if n > 1)
+    _score(res, crawler, db, shop)
+    if crawler != "naive":
+        bound = sum(res.in_flight_at_kills)
+        if res.repeated > bound:
+            res.problems.append(f"{res.repeated} repeated requests > {bound} in flight at kills")
+    log(
+        f"run {run} {crawler}: rows {res.rows} correct {res.correct} requests {res.requests} "
+        f"repeated {res.repeated} in {res.wall_s:.1f} s"
+    )
+    return res
+
+
+def _score(res: RunResult, crawler: str, db: str, shop: ShopConfig) -> None:
+    expected = expected_products(shop)
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        if crawler == "naive":
+            rows = con.execute("SELECT sku, price FROM products").fetchall()
+        else:
+            rows = [
+                (k, json.loads(d).get("price"))
+                for k, d in con.execute("SELECT key, data FROM records WHERE source = 'shop'")
+            ]
+            res.group_commit_max = int(
+                con.execute("SELECT value FROM meta WHERE key = 'group_commit_max'").fetchone()[0]
+            )
+    finally:
+        con.close()
+    res.rows = len(rows)
+    res.correct = sum(1 for sku, price in rows if expected.get(sku) == price)
+    res.distinct = len({sku for sku, _ in rows})
+    res.missing = len(set(expected) - {sku for sku, _ in rows})
+    if crawler != "naive":
+        if res.rows != len(expected):
+            res.problems.append(f"{res.rows} rows, expected {len(expected)}")
+        if res.correct != res.rows:
+            res.problems.append(f"{res.rows - res.correct} rows differ from the page")
+        if res.missing:
+            res.problems.append(f"{res.missing} products missing")
+
+
+def run_chaos(opts: ChaosOptions, log: Callable[[str], None] = lambda s: None) -> ChaosReport:
+    report = ChaosReport(opts)
+    # A killed client makes the shop's aiohttp server log a traceback per aborted response.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory(prefix="idemcrawl-chaos-") as workdir:
+        for run in range(1, opts.runs + 1):
+            crawlers = ("naive", "idemcrawl") if opts.naive else ("idemcrawl",)
+            for crawler in crawlers:
+                report.results.append(_one_run(crawler, run, opts, workdir, log))
+    return report

@@ -1,0 +1,443 @@
+"""The command line: a thin layer that parses arguments, calls the library and prints.
+
+Every user error (bad URL, unknown spider, unreadable database, bad flag value) ends as one line
+on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from . import __version__
+from .config import CrawlConfig, default_parse_workers
+from .fetch import parse_allow_list
+from .frontier import FrontierError, open_frontier
+from .parse import SpiderLoadError
+from .url import InvalidURL
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative number")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="idemcrawl",
+        description="A restart-safe, polite web crawler. Kill it at any instant; rerun the same "
+        "command to resume.",
+    )
+    p.add_argument("--version", action="version", version=f"idemcrawl {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    c = sub.add_parser(
+        "crawl",
+        help="crawl from seed URLs into a crawl database (resumable)",
+        description="Crawl from seed URLs. Rerunning the same command on the same "
+        "database resumes; on a finished database it makes no request.",
+    )
+    c.add_argument("urls", nargs="*", metavar="URL", help="seed URLs (optional when resuming)")
+    c.add_argument("--db", required=True, help="crawl database: an SQLite file path")
+    c.add_argument("--spider", help="FILE.py:Class or module:Class (default: follow all links)")
+    c.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=16,
+        help="requests in flight across all hosts (default 16)",
+    )
+    c.add_argument(
+        "--host-concurrency",
+        type=_positive_int,
+        default=1,
+        help="requests in flight per host (default 1)",
+    )
+    c.add_argument(
+        "--delay",
+        type=_seconds,
+        default=1.0,
+        help="seconds between request starts on one host (default 1.0)",
+    )
+    c.add_argument(
+        "--lease-seconds",
+        type=_seconds,
+        default=120.0,
+        help="how long a leased URL stays claimed if its owner dies (default 120)",
+    )
+    c.add_argument(
+        "--scope",
+        choices=("host", "domain", "any"),
+        default="host",
+        help="which discovered links to follow (default: the seeds' hosts)",
+    )
+    c.add_argument(
+        "--allow-private",
+        action="append",
+        default=[],
+        metavar="ADDR_OR_CIDR",
+        help="permit connections to this private/loopback address or network",
+    )
+    c.add_argument(
+        "--max-pages",
+        type=_positive_int,
+        default=None,
+        help="stop after leasing this many pages in this run",
+    )
+    c.add_argument(
+        "--parse-workers",
+        type=_positive_int,
+        default=None,
+        help=f"parser processes (default {default_parse_workers()}; 0 = in-process)",
+    )
+    c.add_argument(
+        "--commit-batch",
+        type=_positive_int,
+        default=64,
+        help="most completions per group commit (default 64)",
+    )
+    c.add_argument(
+        "--commit-seconds",
+        type=_seconds,
+        default=0.0,
+        help="how long a group commit may wait for more completions, <= 1 (default 0)",
+    )
+    c.add_argument(
+        "--max-retries",
+        type=_positive_int,
+        default=3,
+        help="retries for timeouts, connection errors and 5xx/429 (default 3)",
+    )
+    c.add_argument("--user-agent", default="idemcrawl/" + __version__)
+    c.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    c.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    e = sub.add_parser(
+        "export",
+        help="export stored records",
+        description="Write every stored record (record_id, source, key, url, "
+        "data, first_seen, last_changed).",
+    )
+    e.add_argument("--db", required=True)
+    e.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    e.add_argument("-o", "--output", default="-", help="output file (default stdout)")
+
+    s = sub.add_parser("status", help="show the state of a crawl database")
+    s.add_argument("--db", required=True)
+    s.add_argument("--json", action="store_true")
+
+    t = sub.add_parser(
+        "testsite",
+        help="serve the built-in test shop",
+        description="Serve the article's shop: listing pages linking products. "
+        "Request counts per path are served at /__stats.",
+    )
+    t.add_argument("--host", default="127.0.0.1")
+    t.add_argument("--port", type=_positive_int, default=8000)
+    t.add_argument("--listings", type=_positive_int, default=25)
+    t.add_argument("--per-page", type=_positive_int, default=20)
+    t.add_argument("--latency-ms", type=_seconds, default=0.0)
+
+    d = sub.add_parser(
+        "demo",
+        help="crawl the built-in shop and print what was stored",
+        description="Start the test shop on a free loopback port, crawl it with "
+        "the shop spider into --db and print the stored records.",
+    )
+    d.add_argument("--db", default="demo.db")
+    d.add_argument("--listings", type=_positive_int, default=5)
+    d.add_argument("--per-page", type=_positive_int, default=10)
+
+    k = sub.add_parser(
+        "chaos",
+        help="the kill test: SIGKILL crawls mid-way, compare to naive",
+        description="Reproduce the article's experiment: kill a crawl at a random "
+        "moment after its first request, several times, then let it finish; for "
+        "a naive scraper and for idemcrawl. Exits 1 if idemcrawl misses its "
+        "guarantees.",
+    )
+    k.add_argument("--runs", type=_positive_int, default=5)
+    k.add_argument("--kills", type=_positive_int, default=10)
+    k.add_argument("--min", type=_seconds, default=0.2, dest="min_s")
+    k.add_argument("--max", type=_seconds, default=1.0, dest="max_s")
+    k.add_argument("--seed", type=int, default=1)
+    k.add_argument("--concurrency", type=_positive_int, default=4)
+    k.add_argument(
+        "--vary-concurrency",
+        action="store_true",
+        help="restart idemcrawl with a random --concurrency each time",
+    )
+    k.add_argument(
+        "--latency-ms",
+        type=_seconds,
+        default=None,
+        help="server latency per request (default 25 ms x concurrency)",
+    )
+    k.add_argument("--listings", type=_positive_int, default=25)
+    k.add_argument("--per-page", type=_positive_int, default=20)
+    k.add_argument("--skip-naive", action="store_true")
+    k.add_argument("--json", action="store_true")
+    return p
+
+
+@contextmanager
+def _output(path: str) -> Iterator[TextIO]:
+    if path == "-":
+        yield sys.stdout
+    else:
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            yield fh
+
+
+def cmd_crawl(a: argparse.Namespace) -> int:
+    from .engine import run_crawl
+    from .url import normalise
+
+    for u in a.urls:
+        normalise(u)  # raises InvalidURL with the offending URL
+    if not a.urls and not os.path.exists(a.db):
+        raise UsageError(f"no seed URLs given and no crawl database at {a.db!r} to resume")
+    try:
+        allow = parse_allow_list(a.allow_private)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cfg = CrawlConfig(
+        db=a.db,
+        seeds=tuple(a.urls),
+        spider=a.spider,
+        concurrency=max(1, a.concurrency),
+        host_concurrency=a.host_concurrency,
+        delay=a.delay,
+        lease_seconds=a.lease_seconds,
+        scope=a.scope,
+        allow_private=allow,
+        max_pages=a.max_pages,
+        parse_workers=default_parse_workers() if a.parse_workers is None else a.parse_workers,
+        commit_batch=a.commit_batch,
+        commit_seconds=a.commit_seconds,
+        max_retries=a.max_retries,
+        user_agent=a.user_agent,
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    progress = None if (a.quiet or a.json) else (lambda line: print(line, file=sys.stderr))
+    summary = run_crawl(cfg, progress=progress, handle_signals=True)
+    if a.json:
+        print(json.dumps(summary.__dict__, sort_keys=True))
+    elif not a.quiet:
+        print(
+            f"{summary.stopped_by}: fetched {summary.fetched}, committed {summary.committed}, "
+            f"records written {summary.records}, failed {summary.failed} in "
+            f"{summary.seconds:.1f} s"
+        )
+    return 0
+
+
+def _open_existing(db: str) -> Any:
+    return open_frontier(db, create=False)
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    f = _open_existing(a.db)
+    cols = ["record_id", "source", "key", "url", "data", "first_seen", "last_changed"]
+    n = 0
+    with _output(a.output) as out:
+        if a.format == "csv":
+            w = csv.writer(out)
+            w.writerow(cols)
+            for r in f.records():
+                w.writerow([r[c] for c in cols])
+                n += 1
+        else:
+            for r in f.records():
+                row = {c: r[c] for c in cols}
+                row["data"] = json.loads(row["data"])
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                n += 1
+    f.close()
+    if a.output != "-":
+        print(f"exported {n} records to {a.output}", file=sys.stderr)
+    return 0
+
+
+def status_dict(db: str) -> dict[str, Any]:
+    f = _open_existing(db)
+    try:
+        s = f.stats()
+    finally:
+        f.close()
+    fetches = s.counters.get("fetches", 0)
+    return {
+        "db": db,
+        "urls": s.urls_by_state,
+        "urls_total": sum(s.urls_by_state.values()),
+        "hosts": s.hosts,
+        "records": s.records,
+        "events": s.events,
+        "requests": fetches,
+        "requests_per_record": round(fetches / s.records, 3) if s.records else None,
+        "fetch_errors": s.counters.get("fetch_errors", 0),
+        "lease_expiries": s.counters.get("lease_expiries", 0),
+        "leases_reclaimed": s.counters.get("leases_reclaimed", 0),
+        "completions_rejected": s.counters.get("completions_rejected", 0),
+        "group_commit": {
+            "max_completions": int(s.meta.get("group_commit_max", "0") or 0),
+            "linger_seconds": float(s.meta.get("group_commit_linger_s", "0") or 0),
+        },
+    }
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    d = status_dict(a.db)
+    if a.json:
+        print(json.dumps(d, sort_keys=True))
+        return 0
+    print(f"crawl database   {d['db']}")
+    print(
+        "urls             "
+        + ", ".join(f"{k} {v}" for k, v in d["urls"].items())
+        + f" (total {d['urls_total']})"
+    )
+    print(f"hosts            {d['hosts']}")
+    print(f"records          {d['records']}    events {d['events']}")
+    rpr = d["requests_per_record"]
+    print(
+        f"requests         {d['requests']} committed ({d['fetch_errors']} errors); "
+        f"per stored record {rpr if rpr is not None else '-'}"
+    )
+    print(
+        f"leases           {d['lease_expiries']} expired, {d['leases_reclaimed']} reclaimed "
+        f"from dead processes, {d['completions_rejected']} stale completions rejected"
+    )
+    gc = d["group_commit"]
+    print(
+        f"group commit     <= {gc['max_completions']} completions per transaction, lingering "
+        f"<= {gc['linger_seconds']} s (a kill can repeat at most the fetches in flight plus "
+        "one such batch)"
+    )
+    return 0
+
+
+def cmd_testsite(a: argparse.Namespace) -> int:
+    from .testsite import ShopConfig, serve_forever
+
+    serve_forever(a.host, a.port, ShopConfig(a.listings, a.per_page, a.latency_ms))
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from .engine import run_crawl
+    from .testsite import ShopConfig, ShopServer, expected_products
+
+    shop = ShopConfig(a.listings, a.per_page)
+    with ShopServer(shop) as server:
+        print(f"test shop at {server.seed_url}; crawling into {a.db}", file=sys.stderr)
+        summary = run_crawl(
+            CrawlConfig(
+                db=a.db,
+                seeds=(server.seed_url,),
+                spider="idemcrawl.testsite.shop_spider:ShopSpider",
+                concurrency=8,
+                host_concurrency=4,
+                delay=0.0,
+                allow_private=parse_allow_list(["127.0.0.1"]),
+            ),
+            handle_signals=True,
+        )
+        requests = server.stats()["total"]
+    f = _open_existing(a.db)
+    rows = list(f.records())
+    f.close()
+    expected = expected_products(shop)
+    correct = sum(1 for r in rows if json.loads(r["data"]).get("price") == expected.get(r["key"]))
+    print(f"{'key':<12} {'price':>9}  url")
+    for r in rows:
+        print(f"{r['key']:<12} {json.loads(r['data'])['price']:>9}  {r['url']}")
+    print(
+        f"stored {len(rows)} records ({correct} equal to the pages, {len(expected)} products); "
+        f"{summary.fetched} fetches this run, {requests} requests seen by the site"
+    )
+    return 0 if correct == len(expected) == len(rows) else 1
+
+
+def cmd_chaos(a: argparse.Namespace) -> int:
+    from .chaos import ChaosOptions, run_chaos
+
+    if a.min_s > a.max_s:
+        raise UsageError("--min must not exceed --max")
+    opts = ChaosOptions(
+        runs=max(1, a.runs),
+        kills=a.kills,
+        min_s=a.min_s,
+        max_s=a.max_s,
+        seed=a.seed,
+        concurrency=max(1, a.concurrency),
+        vary_concurrency=a.vary_concurrency,
+        latency_ms=a.latency_ms,
+        listings=max(1, a.listings),
+        per_page=max(1, a.per_page),
+        naive=not a.skip_naive,
+    )
+    report = run_chaos(opts, log=lambda line: print(line, file=sys.stderr))
+    if a.json:
+        print(json.dumps(report.as_dict(), sort_keys=True))
+    else:
+        print(report.table())
+    return 0 if report.ok else 1
+
+
+COMMANDS = {
+    "crawl": cmd_crawl,
+    "export": cmd_export,
+    "status": cmd_status,
+    "testsite": cmd_testsite,
+    "demo": cmd_demo,
+    "chaos": cmd_chaos,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, InvalidURL, SpiderLoadError, FrontierError) as exc:
+        print(f"idemcrawl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"idemcrawl {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:
+        print(f"idemcrawl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

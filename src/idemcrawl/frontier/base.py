@@ -1,0 +1,224 @@
+"""The frontier contract: what every backend (SQLite, PostgreSQL, …) must guarantee.
+
+The frontier is the durable source of truth for which URLs exist, which are being fetched by whom,
+and which are finished. Everything a crash could lose lives here, so the invariants below are the
+whole of idemcrawl's restart-safety and politeness story. The shared contract tests in
+``tests/frontier/test_contract.py`` check each of them against every backend.
+
+Invariants
+==========
+
+I1  A URL is known at most once. ``add`` of a known URL (same normalised string) is a no-op; it
+    never resets state, version, priority or depth.                                        (R2, R10)
+I2  A URL is in exactly one state: ``queued`` (waiting; ``due_at`` says from when), ``leased``
+    (granted to one owner until ``lease_expires_at``), ``done``, ``failed``, or a terminal
+    rejection (``out_of_scope``, ``disallowed``) whose ``reason`` says why.
+I3  A lease names ``(url_id, version, token)``. ``complete`` and ``fail`` act only when the URL is
+    still ``leased`` with that same version *and* token; otherwise they change nothing and emit
+    nothing. A stale lease, a duplicate completion or a completion after the lease expired is
+    therefore harmless.                                                                    (R4)
+I4  ``complete`` writes the page's records (upsert on the derived record id), its discovered links
+    (insert-if-absent), its index event (unique per ``(url_id, version)``) and the URL's ``done``
+    state in ONE transaction. A batch of completions may share the transaction; each one is still
+    all-or-nothing, and a rejected one contributes nothing.                       (R1, R3, R21)
+I5  A record write is an upsert keyed by ``record_id = H(source, key)``: unchanged content changes
+    nothing; changed content updates ``data``, ``content_hash`` and ``last_changed``;
+    ``first_seen`` never moves.                                                            (R1)
+I6  A host's ``in_flight`` equals the number of its URLs in state ``leased``. Granting a lease,
+    its completion, failure or expiry update that count in the same transaction (backends keep it
+    with triggers so it cannot drift). A lease is granted only when ``in_flight`` is below the
+    host's allowance and ``next_allowed_at`` has been reached; the grant moves
+    ``next_allowed_at`` forward by the host's delay in the same atomic step, so concurrent
+    leasers — threads, processes or machines — can never exceed a host's allowance together. (R6)
+I7  An expired lease returns its URL to ``queued`` and its slot to the host; nothing needs to
+    notice the crash that caused it.                                                       (R4)
+I8  Completion/failure also push ``next_allowed_at`` to at least ``now + delay`` so the gap between
+    the end of one response and the next request start honours the delay as well.
+
+Backends expose the same synchronous API; the engine calls it from one dedicated thread so the
+event loop never blocks on the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: URL states. Terminal ones never return to the queue by themselves.
+QUEUED = "queued"
+LEASED = "leased"
+DONE = "done"
+FAILED = "failed"
+OUT_OF_SCOPE = "out_of_scope"
+DISALLOWED = "disallowed"
+STATES = (QUEUED, LEASED, DONE, FAILED, OUT_OF_SCOPE, DISALLOWED)
+TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED)
+
+
+class FrontierError(RuntimeError):
+    """The database behind the frontier is unusable (unreadable file, wrong schema, …)."""
+
+
+def record_id(source: str, key: str) -> str:
+    """128-bit id derived from what the record *is*, so a rewrite is an update, not a copy (R1)."""
+    return hashlib.blake2b(f"{source}\x1f{key}".encode(), digest_size=16).hexdigest()
+
+
+def canonical_json(data: Any) -> str:
+    """One text per value, so equal data always hashes equal regardless of key order."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def content_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class NewURL:
+    """A URL entering the frontier; ``url`` is already normalised and scope-checked."""
+
+    url: str
+    host_key: str
+    priority: int = 0
+    depth: int = 0
+    state: str = QUEUED
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostPolicy:
+    """Global politeness defaults; a host's own row overrides them where set (R6)."""
+
+    max_in_flight: int = 1
+    delay: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    url_id: int
+    url: str
+    host_key: str
+    version: int
+    token: int
+    owner: str
+    expires_at: float
+    depth: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordWrite:
+    """A record ready to store: id and content hash are computed where the record is made."""
+
+    record_id: str
+    source: str
+    key: str
+    data_json: str
+    content_hash: str
+
+    @classmethod
+    def make(cls, source: str, key: str, data: Any) -> RecordWrite:
+        text = canonical_json(data)
+        return cls(record_id(source, key), source, key, text, content_hash(text))
+
+
+@dataclass(slots=True)
+class Completion:
+    """Everything a fetched page produced; committed all together or not at all (R3)."""
+
+    lease: Lease
+    status: int
+    fetched_at: float
+    records: Sequence[RecordWrite] = ()
+    links: Sequence[NewURL] = ()
+    content_hash: str | None = None
+    body_bytes: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Failure:
+    """A fetch that produced nothing to keep. ``retry_at`` None means give up (state failed)."""
+
+    lease: Lease
+    error: str
+    retry_at: float | None
+    status: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Enough to decide whether a crawl is finished or must wait for someone else's leases."""
+
+    queued: int
+    leased: int
+    next_due_at: float | None
+    next_lease_expiry: float | None
+    next_host_ready_at: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.queued == 0 and self.leased == 0
+
+
+@dataclass(slots=True)
+class FrontierStats:
+    urls_by_state: dict[str, int] = field(default_factory=dict)
+    hosts: int = 0
+    records: int = 0
+    events: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+class Frontier(Protocol):
+    """The one frontier contract. All times are UNIX seconds (float) passed in by the caller."""
+
+    def add(self, urls: Iterable[NewURL], now: float) -> int:
+        """Insert-if-absent; returns how many were new."""
+        ...
+
+    def lease(
+        self, owner: str, limit: int, now: float, lease_seconds: float, policy: HostPolicy
+    ) -> list[Lease]:
+        """Expire stale leases, then grant up to ``limit`` leases on ready hosts (I6)."""
+        ...
+
+    def complete(
+        self, completions: Sequence[Completion], now: float, policy: HostPolicy
+    ) -> list[bool]:
+        """Commit a batch in one transaction; returns, per completion, whether it was accepted."""
+        ...
+
+    def fail(self, failures: Sequence[Failure], now: float, policy: HostPolicy) -> list[bool]: ...
+
+    def expire(self, now: float) -> int:
+        """Return expired leases to the queue; returns how many."""
+        ...
+
+    def release_owner(self, owner: str) -> int:
+        """Return every lease of ``owner`` (known dead) to the queue at once."""
+        ...
+
+    def progress(self, now: float) -> Progress: ...
+
+    def stats(self) -> FrontierStats: ...
+
+    def get_meta(self, key: str) -> str | None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def add_seeds(self, host_keys: Iterable[str]) -> None:
+        """Remember the seed hosts that define the crawl's scope."""
+        ...
+
+    def seed_hosts(self) -> frozenset[str]: ...
+
+    def records(self) -> Iterable[dict[str, Any]]:
+        """Every stored record, ordered by source and key (for export)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,346 @@
+"""URL normalisation and scoping for the crawler.
+
+Every URL the crawler sees passes through :func:`normalise` before it is queued, deduplicated
+or fetched. The normalised string is the crawler's identity for a resource: two links that a
+server would treat as the same resource should map to the same string, and normalising an
+already-normalised URL must change nothing (idempotence), otherwise a URL could be
+re-discovered under a "new" name after a restart and fetched twice.
+
+Parsing and resolution follow the WHATWG URL Standard (what browsers do) via ``ada_url``; on
+top of that this module applies the RFC 3986 section 6 "syntax-based" normalisations that
+WHATWG leaves alone (hex-case of escapes, decoding of escaped unreserved characters), plus a
+few crawler policy choices (no fragments, no credentials, http(s) only, bare ``?`` dropped).
+
+Design notes:
+
+* ``normalise`` is on the hot path (dozens of calls per fetched page), so it makes exactly one
+  call into ada and does everything else with plain ``str`` slicing on ada's serialisation,
+  which has a fixed, well-known shape for http(s): ``scheme://[userinfo@]host[:port]/path[?q]
+  [#frag]``. Percent-escape work only happens when the string contains a ``%``.
+* ``host_key`` and ``hostname`` rely on that shape too and never re-parse, so they are only
+  meaningful for ``normalise`` output (or a ``host_key`` value).
+* Nothing here touches the network: IDNA is ada's local UTS #46 implementation and
+  :func:`same_site` is a heuristic, not a Public Suffix List lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from typing import Final
+
+import ada_url
+
+__all__ = [
+    "MAX_URL_LENGTH",
+    "InvalidURL",
+    "host_key",
+    "hostname",
+    "in_scope",
+    "normalise",
+    "same_site",
+    "url_fingerprint",
+]
+
+#: Longest URL (input or output) accepted: about the request-line limit of common servers, so
+#: anything longer could not be fetched anyway. Checked before parsing so junk is cheap.
+MAX_URL_LENGTH: Final = 8192
+
+_ERROR_URL_CHARS: Final = 200
+
+#: WHATWG strips leading/trailing C0 controls and space; we use the same set so that our
+#: idea of "surrounding whitespace" matches the browser's (a non-breaking space is *not*
+#: stripped by browsers, it is percent-encoded, and so it is here).
+_STRIP_CHARS: Final = "".join(chr(c) for c in range(0x21))
+
+_HEX: Final = "0123456789abcdefABCDEF"
+_UNRESERVED: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~")
+
+
+def _build_escape_table() -> dict[str, tuple[str, bool]]:
+    """Map every two-hex-digit escape body (any case) to its canonical replacement.
+
+    The flag says whether the replacement is a bare hex digit, which matters for the
+    stray-``%`` guard in :func:`_normalise_escapes`. A precomputed dict turns the per-escape
+    work into one lookup instead of ``int()``/``chr()``/``upper()`` calls.
+    """
+    table: dict[str, tuple[str, bool]] = {}
+    for hi in _HEX:
+        for lo in _HEX:
+            body = hi + lo
+            char = chr(int(body, 16))
+            if char in _UNRESERVED:
+                table[body] = (char, char in _HEX)
+            else:
+                table[body] = ("%" + body.upper(), False)
+    return table
+
+
+_ESCAPES: Final = _build_escape_table()
+
+
+class InvalidURL(ValueError):
+    """A URL the crawler will not handle: unparseable, wrong scheme, credentials, too long...
+
+    Subclasses ``ValueError`` so callers that just want "bad input" can catch that; the
+    offending URL (truncated, since junk URLs can be huge) and the reason are kept as
+    attributes so they can be logged or counted without parsing the message.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        shown = url if len(url) <= _ERROR_URL_CHARS else url[:_ERROR_URL_CHARS] + "..."
+        super().__init__(f"invalid URL {shown!r}: {reason}")
+        self.url = shown
+        self.reason = reason
+
+
+def _normalise_escapes(tail: str) -> str:
+    """Canonicalise percent-escapes in the path+query part of a URL.
+
+    Escapes of unreserved characters are decoded (RFC 3986 6.2.2.2 says they are equivalent)
+    and the hex digits of every other escape are upper-cased (6.2.2.1). ada already
+    percent-encodes everything that needs it, but it deliberately leaves existing escapes
+    untouched, so ``%7e``, ``%7E`` and ``~`` would otherwise be three different URLs.
+
+    A ``%`` not followed by two hex digits is left as is (that is what a browser sends). Such
+    a stray ``%`` could combine with a *decoded* hex digit into a brand-new escape
+    (``%%34%31`` -> ``%41``), which a second pass would decode again, breaking idempotence;
+    so an escape that would decode to a hex digit right after a stray ``%`` and at most one
+    hex digit is kept (upper-cased) instead of decoded.
+    """
+    pieces = tail.split("%")
+    out = [pieces[0]]
+    guard = False  # previous piece was a stray '%' that a decoded hex digit could complete
+    for piece in pieces[1:]:
+        entry = _ESCAPES.get(piece[:2])
+        if entry is None:
+            out.append("%")
+            out.append(piece)
+            guard = piece == "" or (len(piece) == 1 and piece in _HEX)
+            continue
+        replacement, is_hex_digit = entry
+        if guard and is_hex_digit:
+            replacement = "%" + piece[:2].upper()
+        out.append(replacement)
+        out.append(piece[2:])
+        guard = False
+    return "".join(out)
+
+
+def normalise(url: str, base: str | None = None) -> str:
+    """Return the canonical absolute form of ``url``, resolved against ``base`` if given.
+
+    The result is an ``http``/``https`` URL with: lower-case scheme and host; IDNA (punycode)
+    host without a trailing dot; no default port; dot segments removed; path at least ``/``;
+    escapes of unreserved characters decoded and all other escapes upper-case; no fragment;
+    and no empty query (a bare trailing ``?`` is dropped: practically every server treats
+    ``/p?`` and ``/p`` alike, and keeping it would make them two frontier entries). Query
+    parameters are never reordered or removed, since servers may depend on their order.
+
+    ``normalise(normalise(u)) == normalise(u)`` holds for every accepted ``u``.
+
+    Raises :class:`InvalidURL` for: input (or result) longer than :data:`MAX_URL_LENGTH`; a
+    relative reference with no ``base``; anything ada cannot parse; schemes other than
+    http(s) (``mailto:``, ``javascript:``, ``data:``, ``ftp:``...); an empty host or one with
+    empty labels (``a..b``, ``.a``; only a single trailing dot is folded away); and URLs
+    carrying a username or password (a crawler must not store or send credentials taken from
+    a page, and silently stripping them could fetch something other than what was linked). A
+    bare ``@`` with empty userinfo is accepted because WHATWG drops it: it carries nothing.
+    """
+    url = url.strip(_STRIP_CHARS)
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidURL(url, f"longer than {MAX_URL_LENGTH} characters")
+    if base is not None and len(base) > MAX_URL_LENGTH:
+        raise InvalidURL(base, f"base URL longer than {MAX_URL_LENGTH} characters")
+    try:
+        href = ada_url.normalize_url(url) if base is None else ada_url.join_url(base, url)
+    except ValueError:
+        if base is None and ":" not in url:
+            reason = "relative reference without a base URL"
+        elif base is None:
+            reason = "not a valid absolute URL"
+        else:
+            reason = f"cannot be resolved against base {base[:_ERROR_URL_CHARS]!r}"
+        raise InvalidURL(url, reason) from None
+
+    # ada serialises http(s) URLs as scheme://[userinfo@]host[:port]/path[?query][#fragment]
+    # with a lower-case scheme, so everything below is slicing on that known shape.
+    if href.startswith("https://"):
+        start = 8
+    elif href.startswith("http://"):
+        start = 7
+    else:
+        scheme = href.partition(":")[0]
+        raise InvalidURL(url, f"unsupported scheme {scheme!r} (only http and https)")
+
+    # '#' cannot occur unescaped before the fragment, so the first one starts it.
+    hash_at = href.find("#")
+    if hash_at != -1:
+        href = href[:hash_at]
+
+    path_at = href.find("/", start)  # always present: special URLs have a non-empty path
+    authority = href[start:path_at]
+    rest = href[path_at:]
+
+    if "@" in authority:  # '@' can't appear in a host; ada drops empty userinfo
+        raise InvalidURL(url, "credentials in URL")
+
+    if authority.startswith("["):  # IPv6: ada already canonicalised it, port after ']'
+        host_end = authority.index("]") + 1
+    else:
+        host_end = authority.find(":")
+        if host_end == -1:
+            host_end = len(authority)
+        host = authority[:host_end]
+        if host.endswith("."):
+            # "example.com." and "example.com" are the same host for DNS; fold them.
+            host = host[:-1]
+            authority = host + authority[host_end:]
+            host_end = len(host)
+        if host.startswith(".") or host.endswith(".") or ".." in host:
+            # Empty labels can't be resolved by DNS, and folding them away would change how
+            # WHATWG reads the host ("h..9.." is a domain, "h..9" an invalid IPv4 address).
+            raise InvalidURL(url, "empty label in host")
+    if host_end == 0:
+        raise InvalidURL(url, "empty host")
+
+    if "%" in rest:
+        rest = _normalise_escapes(rest)
+    # Drop an empty query. The path cannot contain '?', and a '?' inside the query stays
+    # literal, so the query is empty exactly when the first '?' is also the last character
+    # ("/p?a?" has the query "a?" and is kept).
+    if rest.endswith("?") and rest.find("?") == len(rest) - 1:
+        rest = rest[:-1]
+
+    result = href[:start] + authority + rest
+    if len(result) > MAX_URL_LENGTH:
+        raise InvalidURL(url, f"longer than {MAX_URL_LENGTH} characters once normalised")
+    return result
+
+
+def _authority(url: str) -> tuple[int, int]:
+    """Return ``(start, end)`` of the authority in a normalised URL or host key, by slicing."""
+    if url.startswith("https://"):
+        start = 8
+    elif url.startswith("http://"):
+        start = 7
+    else:
+        raise InvalidURL(url, "not a normalised http(s) URL")
+    end = url.find("/", start)
+    return start, (len(url) if end == -1 else end)
+
+
+def host_key(url: str) -> str:
+    """Return ``scheme://host[:port]`` of a normalised URL (the per-origin politeness key).
+
+    Pure slicing, because it is called for every discovered link; the default port is already
+    gone after :func:`normalise`, so a non-default port is the only one that can appear.
+    """
+    _, end = _authority(url)
+    return url[:end]
+
+
+def hostname(url: str) -> str:
+    """Return the bare host of a normalised URL (or host key): no port, IPv6 unbracketed.
+
+    This is the form DNS resolution, robots.txt grouping and :func:`same_site` want.
+    """
+    start, end = _authority(url)
+    if url.startswith("[", start):
+        return url[start + 1 : url.index("]", start)]
+    colon = url.find(":", start, end)
+    return url[start : end if colon == -1 else colon]
+
+
+def url_fingerprint(url: str) -> bytes:
+    """Return a 16-byte BLAKE2b digest of a normalised URL, for use as a compact durable key.
+
+    128 bits keeps accidental collisions negligible for any realistic crawl while being a
+    fraction of a typical URL's size. The URL is hashed as given, not re-normalised: pass
+    :func:`normalise` output, or equal resources will get different keys. The exact scheme
+    (plain BLAKE2b, ``digest_size=16``, UTF-8 input) is part of the on-disk format; changing
+    it invalidates stored keys.
+    """
+    return hashlib.blake2b(url.encode("utf-8"), digest_size=16).digest()
+
+
+#: Second-level labels commonly used under two-letter ccTLDs as public suffixes (co.uk,
+#: com.au, ac.jp, ...). Deliberately tiny: see :func:`same_site`.
+_SECOND_LEVEL: Final = frozenset({"co", "com", "net", "org", "gov", "edu", "ac"})
+
+
+def _site_key(host: str) -> str:
+    """Approximate the registrable domain of ``host``; an IP address is its own key.
+
+    IPv6 literals (with or without brackets) contain ``:``; IPv4 literals, after WHATWG
+    parsing, are the only hosts whose last label is numeric. Domains keep their last two
+    labels, or three for ``<name>.<co|com|...>.<cc>`` shapes such as ``example.co.uk``.
+    """
+    host = host.lower().rstrip(".")
+    if ":" in host:
+        return host.strip("[]")
+    labels = host.split(".")
+    if labels[-1].isdigit():
+        return host
+    if (
+        len(labels) >= 3
+        and labels[-2] in _SECOND_LEVEL
+        and len(labels[-1]) == 2
+        and labels[-1].isascii()
+        and labels[-1].isalpha()
+    ):
+        return ".".join(labels[-3:])
+    return ".".join(labels[-2:])
+
+
+def same_site(host_a: str, host_b: str) -> bool:
+    """Whether two hosts belong to the same (approximate) registrable domain.
+
+    This is a heuristic **without the Public Suffix List** (no network, no bundled data):
+    the registrable domain is taken to be the last two labels, or the last three when the
+    second-to-last is a common second-level label (co, com, net, org, gov, edu, ac) under a
+    two-letter ccTLD. So ``a.example.com``/``b.example.com`` match and ``x.co.uk``/
+    ``y.co.uk`` do not, but private suffixes (``*.github.io``, ``*.blogspot.com``) and less
+    common public ones (``*.pvt.k12.ma.us``) are treated as one site. IP addresses only
+    match themselves.
+
+    Implemented as equality of the approximated registrable domains, so the relation is
+    symmetric and transitive; this differs from "one is a subdomain of the other's
+    registrable domain" only for hosts that are themselves suffixes (``com``, ``co.uk``),
+    which should not be the same site as everything beneath them anyway.
+    """
+    if host_a == host_b:
+        return True
+    return _site_key(host_a) == _site_key(host_b)
+
+
+@lru_cache(maxsize=64)
+def _seed_site_keys(seed_host_keys: frozenset[str]) -> frozenset[str]:
+    """Site keys of the seeds, cached: the seed set is fixed for a crawl, links are many."""
+    return frozenset(_site_key(hostname(key)) for key in seed_host_keys)
+
+
+_MODES: Final = frozenset({"host", "domain", "any"})
+
+
+def in_scope(url: str, seed_host_keys: frozenset[str], mode: str) -> bool:
+    """Whether a normalised ``url`` may be crawled given the seeds' host keys.
+
+    ``mode``:
+
+    * ``"host"``: same origin as a seed, i.e. ``host_key(url)`` is one of ``seed_host_keys``
+      (scheme and port included, so ``http://a`` does not admit ``https://a``);
+    * ``"domain"``: same approximate site as any seed (see :func:`same_site`), whatever the
+      scheme or port;
+    * ``"any"``: everything.
+
+    Raises ``ValueError`` for any other mode, even when it would not be consulted, so that a
+    typo in configuration fails at the first link instead of silently meaning something.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"unknown scope mode {mode!r}; expected one of {sorted(_MODES)}")
+    if mode == "any":
+        return True
+    if mode == "host":
+        return host_key(url) in seed_host_keys
+    return _site_key(hostname(url)) in _seed_site_keys(seed_host_keys)

@@ -1,0 +1,246 @@
+"""The frontier contract (invariants I1-I8 of ``idemcrawl.frontier.base``), for every backend."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from idemcrawl.frontier.base import (
+    Completion,
+    Failure,
+    Frontier,
+    HostPolicy,
+    NewURL,
+    RecordWrite,
+    record_id,
+)
+
+T0 = 1_000_000.0
+FAST = HostPolicy(max_in_flight=8, delay=0.0)
+POLITE = HostPolicy(max_in_flight=1, delay=1.0)
+
+
+def urls(host: str, n: int, start: int = 0) -> list[NewURL]:
+    return [NewURL(f"{host}/p{i}", host) for i in range(start, start + n)]
+
+
+def test_add_known_url_is_noop(frontier: Frontier) -> None:
+    assert frontier.add(urls("http://a", 3), T0) == 3
+    leases = frontier.lease("w", 1, T0, 30, FAST)
+    assert frontier.add(urls("http://a", 5), T0 + 1) == 2
+    # Re-adding the leased URL did not reset it to queued.
+    assert frontier.stats().urls_by_state["leased"] == 1
+    assert frontier.add([NewURL(leases[0].url, "http://a", priority=9)], T0) == 0
+
+
+def test_lease_carries_version_and_expiry(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1), T0)
+    (lease,) = frontier.lease("w", 10, T0, 30, FAST)
+    assert lease.version == 1
+    assert lease.expires_at == T0 + 30
+    assert lease.owner == "w"
+    assert frontier.lease("w", 10, T0, 30, FAST) == []
+
+
+def test_complete_writes_everything_in_one_step(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1), T0)
+    (lease,) = frontier.lease("w", 1, T0, 30, FAST)
+    rec = RecordWrite.make("shop", "SKU-1", {"price": "1.00"})
+    links = [*urls("http://a", 3, start=1), NewURL("http://b/x", "http://b")]
+    ok = frontier.complete([Completion(lease, 200, T0 + 1, [rec], links, "h1", 10)], T0 + 1, FAST)
+    assert ok == [True]
+    s = frontier.stats()
+    assert s.urls_by_state["done"] == 1
+    assert s.urls_by_state["queued"] == 4
+    assert s.records == 1
+    assert s.events == 1
+    assert s.counters.get("fetches") == 1
+    (row,) = list(frontier.records())
+    assert row["record_id"] == record_id("shop", "SKU-1")
+    assert json.loads(row["data"]) == {"price": "1.00"}
+    assert row["url"] == lease.url
+
+
+def test_duplicate_and_stale_completion_change_nothing(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1), T0)
+    (lease,) = frontier.lease("w", 1, T0, 30, FAST)
+    rec = RecordWrite.make("s", "k", {"v": 1})
+    c = Completion(lease, 200, T0, [rec], urls("http://a", 2, start=1))
+    assert frontier.complete([c], T0, FAST) == [True]
+    before = frontier.stats()
+    c2 = Completion(lease, 200, T0, [RecordWrite.make("s", "k", {"v": 2})], urls("http://z", 2))
+    assert frontier.complete([c2], T0 + 1, FAST) == [False]
+    after = frontier.stats()
+    assert after.events == before.events == 1
+    assert after.urls_by_state == before.urls_by_state
+    assert json.loads(next(iter(frontier.records()))["data"]) == {"v": 1}
+
+
+def test_expired_lease_cannot_complete_and_url_is_retried(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1), T0)
+    (old,) = frontier.lease("dead", 1, T0, 10, FAST)
+    assert frontier.lease("w", 1, T0 + 5, 10, FAST) == []  # still leased
+    (new,) = frontier.lease("w", 1, T0 + 11, 10, FAST)  # expired, re-leased
+    assert new.url_id == old.url_id and new.token != old.token
+    assert frontier.complete([Completion(old, 200, T0 + 12)], T0 + 12, FAST) == [False]
+    assert frontier.complete([Completion(new, 200, T0 + 12)], T0 + 12, FAST) == [True]
+    s = frontier.stats()
+    assert s.events == 1
+    assert s.counters["lease_expiries"] == 1
+
+
+def test_expire_returns_url_and_host_slot(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 2), T0)
+    assert len(frontier.lease("dead", 5, T0, 10, POLITE)) == 1
+    assert frontier.progress(T0).leased == 1
+    assert frontier.expire(T0 + 10) == 1
+    p = frontier.progress(T0 + 10)
+    assert (p.queued, p.leased) == (2, 0)
+    assert len(frontier.lease("w", 5, T0 + 10, 10, POLITE)) == 1
+
+
+def test_release_owner_requeues_only_that_owner(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1) + urls("http://b", 1), T0)
+    frontier.lease("one", 1, T0, 60, FAST)
+    frontier.lease("two", 1, T0, 60, FAST)
+    assert frontier.release_owner("one") == 1
+    p = frontier.progress(T0)
+    assert (p.queued, p.leased) == (1, 1)
+
+
+def test_record_upsert_keeps_first_seen_and_tracks_changes(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 3), T0)
+    leases = frontier.lease("w", 3, T0, 30, FAST)
+    same = {"price": "5.00"}
+    frontier.complete(
+        [Completion(leases[0], 200, T0, [RecordWrite.make("s", "k", same)])], T0, FAST
+    )
+    frontier.complete(
+        [Completion(leases[1], 200, T0 + 5, [RecordWrite.make("s", "k", dict(same))])], T0 + 5, FAST
+    )
+    (row,) = list(frontier.records())
+    assert (row["first_seen"], row["last_changed"]) == (T0, T0)
+    frontier.complete(
+        [Completion(leases[2], 200, T0 + 9, [RecordWrite.make("s", "k", {"price": "6.00"})])],
+        T0 + 9,
+        FAST,
+    )
+    (row,) = list(frontier.records())
+    assert (row["first_seen"], row["last_changed"]) == (T0, T0 + 9)
+    assert json.loads(row["data"]) == {"price": "6.00"}
+
+
+def test_politeness_one_in_flight_and_delay(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 5), T0)
+    (first,) = frontier.lease("w", 10, T0, 30, POLITE)
+    assert frontier.lease("w", 10, T0 + 5, 30, POLITE) == []  # slot busy
+    frontier.complete([Completion(first, 200, T0 + 5)], T0 + 5, POLITE)
+    assert frontier.lease("w", 10, T0 + 5.5, 30, POLITE) == []  # delay after completion
+    assert len(frontier.lease("w", 10, T0 + 6, 30, POLITE)) == 1
+
+
+def test_delay_spaces_starts_even_with_free_slots(frontier: Frontier) -> None:
+    policy = HostPolicy(max_in_flight=4, delay=2.0)
+    frontier.add(urls("http://a", 5), T0)
+    assert len(frontier.lease("w", 10, T0, 30, policy)) == 1
+    assert frontier.lease("w", 10, T0 + 1.9, 30, policy) == []
+    assert len(frontier.lease("w", 10, T0 + 2.0, 30, policy)) == 1
+
+
+def test_hosts_are_scheduled_independently(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 50) + urls("http://b", 1) + urls("http://c", 1), T0)
+    hosts = {lease.host_key for lease in frontier.lease("w", 10, T0, 30, POLITE)}
+    assert hosts == {"http://a", "http://b", "http://c"}
+
+
+def test_priority_orders_urls_within_host(frontier: Frontier) -> None:
+    frontier.add(
+        [
+            NewURL("http://a/low", "http://a", priority=0),
+            NewURL("http://a/high", "http://a", priority=5),
+        ],
+        T0,
+    )
+    (lease,) = frontier.lease("w", 1, T0, 30, POLITE)
+    assert lease.url == "http://a/high"
+
+
+def test_fail_retries_then_gives_up(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1), T0)
+    (lease,) = frontier.lease("w", 1, T0, 30, FAST)
+    assert frontier.fail([Failure(lease, "timeout", retry_at=T0 + 60)], T0, FAST) == [True]
+    assert frontier.lease("w", 1, T0 + 30, 30, FAST) == []  # not due yet
+    (again,) = frontier.lease("w", 1, T0 + 60, 30, FAST)
+    assert again.attempts == 1
+    assert frontier.fail([Failure(again, "timeout", retry_at=None)], T0 + 61, FAST) == [True]
+    s = frontier.stats()
+    assert s.urls_by_state["failed"] == 1
+    assert frontier.progress(T0 + 61).finished
+    assert frontier.fail([Failure(again, "late", retry_at=None)], T0 + 62, FAST) == [False]
+
+
+def test_terminal_rejections_are_recorded_not_leased(frontier: Frontier) -> None:
+    frontier.add([NewURL("http://a/x", "http://a", state="out_of_scope", reason="scope")], T0)
+    assert frontier.lease("w", 5, T0, 30, FAST) == []
+    assert frontier.progress(T0).finished
+    assert frontier.stats().urls_by_state["out_of_scope"] == 1
+
+
+def test_progress_reports_wait_for_foreign_leases(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1), T0)
+    frontier.lease("dead", 1, T0, 30, FAST)
+    p = frontier.progress(T0 + 1)
+    assert not p.finished
+    assert p.next_lease_expiry == T0 + 30
+
+
+def test_batch_completion_accepts_each_independently(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 2), T0)
+    a, b = frontier.lease("w", 2, T0, 30, FAST)
+    frontier.complete([Completion(a, 200, T0)], T0, FAST)
+    res = frontier.complete([Completion(a, 200, T0), Completion(b, 200, T0)], T0, FAST)
+    assert res == [False, True]
+    assert frontier.stats().events == 2
+
+
+def test_state_is_shared_between_handles(frontier: Frontier, reopen) -> None:  # type: ignore[no-untyped-def]
+    other = reopen()
+    frontier.add(urls("http://a", 1), T0)
+    (lease,) = other.lease("w2", 5, T0, 30, POLITE)
+    assert frontier.lease("w1", 5, T0 + 2, 30, POLITE) == []
+    assert frontier.complete([Completion(lease, 200, T0)], T0, POLITE) == [True]
+    assert other.stats().events == 1
+
+
+def test_concurrent_leasers_never_exceed_allowance(frontier: Frontier, reopen) -> None:  # type: ignore[no-untyped-def]
+    handles = [reopen() for _ in range(4)]
+    frontier.add(urls("http://a", 40) + urls("http://b", 40), T0)
+    policy = HostPolicy(max_in_flight=2, delay=0.0)
+    got: list = []
+    lock = threading.Lock()
+
+    def worker(h: Frontier, name: str) -> None:
+        for _ in range(20):
+            leases = h.lease(name, 3, T0, 30, policy)
+            with lock:
+                got.extend(leases)
+
+    threads = [threading.Thread(target=worker, args=(h, f"w{i}")) for i, h in enumerate(handles)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    per_host: dict[str, int] = {}
+    for lease in got:
+        per_host[lease.host_key] = per_host.get(lease.host_key, 0) + 1
+    assert per_host == {"http://a": 2, "http://b": 2}
+
+
+def test_meta_and_seeds(frontier: Frontier) -> None:
+    assert frontier.get_meta("x") is None
+    frontier.set_meta("x", "1")
+    frontier.set_meta("x", "2")
+    assert frontier.get_meta("x") == "2"
+    frontier.add_seeds(["http://a", "http://b"])
+    frontier.add_seeds(["http://a"])
+    assert frontier.seed_hosts() == frozenset({"http://a", "http://b"})
