@@ -1,0 +1,170 @@
+"""The engine end to end against the in-process test shop."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from idemcrawl.engine import run_crawl
+from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.testsite import ShopConfig, ShopServer, expected_products
+
+from .conftest import crawl_config
+
+
+def stored(db: Path) -> dict[str, str]:
+    f = SQLiteFrontier(str(db))
+    try:
+        return {r["key"]: json.loads(r["data"])["price"] for r in f.records()}
+    finally:
+        f.close()
+
+
+def test_full_crawl_stores_every_product_once(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    summary = run_crawl(crawl_config(db, shop.seed_url))
+    assert summary.finished
+    assert stored(db) == expected_products(shop.cfg)
+    stats = shop.stats()
+    assert stats["total"] == 4 + 20  # listings + products, each exactly once
+    assert max(stats["paths"].values()) == 1  # type: ignore[attr-defined]
+
+
+def test_parse_in_worker_processes(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    summary = run_crawl(crawl_config(db, shop.seed_url, parse_workers=1))
+    assert summary.finished
+    assert stored(db) == expected_products(shop.cfg)
+
+
+def test_rerun_on_finished_db_makes_no_request(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    run_crawl(crawl_config(db, shop.seed_url))
+    shop.reset()
+    summary = run_crawl(crawl_config(db, shop.seed_url))
+    assert summary.finished and summary.fetched == 0
+    assert shop.stats()["total"] == 0
+
+
+def test_max_pages_stops_and_resume_finishes(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    first = run_crawl(crawl_config(db, shop.seed_url, max_pages=5))
+    assert first.stopped_by == "max-pages" and first.fetched == 5
+    second = run_crawl(crawl_config(db, shop.seed_url, seeds=()))
+    assert second.finished
+    assert stored(db) == expected_products(shop.cfg)
+    assert max(shop.stats()["paths"].values()) == 1  # type: ignore[attr-defined]
+
+
+def test_politeness_delay_between_request_starts(tmp_path: Path) -> None:
+    with ShopServer(ShopConfig(listings=1, per_page=4)) as server:
+        run_crawl(crawl_config(tmp_path / "c.db", server.seed_url, concurrency=8,
+                               host_concurrency=1, delay=0.2))
+        starts = sorted(t for t, _ in server.request_log())  # type: ignore[misc]
+    assert len(starts) == 5
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert min(gaps) >= 0.19, gaps
+
+
+def test_host_concurrency_is_never_exceeded(tmp_path: Path) -> None:
+    with ShopServer(ShopConfig(listings=3, per_page=10, latency_ms=30)) as server:
+        cfg = crawl_config(tmp_path / "c.db", server.seed_url, concurrency=16, host_concurrency=2)
+        run_crawl(cfg)
+        log = sorted(t for t, _ in server.request_log())  # type: ignore[misc]
+    # Each request lasts >= 30 ms; with at most 2 in flight, no 3 starts fit in 30 ms.
+    assert len(log) == 33
+    windows = [log[i + 2] - log[i] for i in range(len(log) - 2)]
+    assert min(windows) >= 0.029, min(windows)
+
+
+def test_blocked_address_fails_url_without_request(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    summary = run_crawl(crawl_config(db, shop.seed_url, allow_private=()))
+    assert summary.finished and summary.failed == 1
+    assert shop.stats()["total"] == 0
+    f = SQLiteFrontier(str(db))
+    row = f.url_row(shop.seed_url)
+    f.close()
+    assert row is not None and row["state"] == "failed" and "blocked" in row["reason"]
+
+
+def test_server_errors_are_retried_then_failed(tmp_path: Path) -> None:
+    # A closed port: connection refused on every attempt.
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    db = tmp_path / "c.db"
+    t = time.monotonic()
+    summary = run_crawl(crawl_config(db, f"http://127.0.0.1:{port}/", max_retries=2,
+                                     retry_base=0.05))
+    assert time.monotonic() - t < 20
+    assert summary.finished and summary.failed == 1
+    f = SQLiteFrontier(str(db))
+    row = f.url_row(f"http://127.0.0.1:{port}/")
+    f.close()
+    assert row is not None and row["state"] == "failed" and row["attempts"] == 3
+
+
+def test_dead_local_owner_leases_are_reclaimed_at_once(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    f = SQLiteFrontier(str(db))
+    from idemcrawl.frontier.base import HostPolicy, NewURL
+
+    f.add([NewURL(shop.seed_url, shop.base_url)], time.time())
+    f.add_seeds([shop.base_url])
+    # A lease held by a dead process of this machine (its slot file is not locked).
+    import socket
+
+    (lease,) = f.lease(f"{socket.gethostname()}/7", 1, time.time(), 3600, HostPolicy(1, 0))
+    f.close()
+    t = time.monotonic()
+    summary = run_crawl(crawl_config(db, shop.seed_url, lease_seconds=3600))
+    assert summary.finished and time.monotonic() - t < 20
+    assert stored(db) == expected_products(shop.cfg)
+    del lease
+
+
+def test_foreign_lease_is_waited_for_until_expiry(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    f = SQLiteFrontier(str(db))
+    from idemcrawl.frontier.base import HostPolicy, NewURL
+
+    f.add([NewURL(shop.seed_url, shop.base_url)], time.time())
+    f.add_seeds([shop.base_url])
+    f.lease("other-machine/0", 1, time.time(), 1.5, HostPolicy(1, 0))
+    f.close()
+    t = time.monotonic()
+    summary = run_crawl(crawl_config(db, shop.seed_url))
+    waited = time.monotonic() - t
+    assert summary.finished
+    assert waited >= 1.0
+    assert stored(db) == expected_products(shop.cfg)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_spider_errors_fail_the_url_not_the_crawl(tmp_path: Path, workers: int) -> None:
+    spider = tmp_path / "bad.py"
+    spider.write_text(
+        "import idemcrawl\n"
+        "class Bad(idemcrawl.Spider):\n"
+        "    name = 'bad'\n"
+        "    def parse(self, page):\n"
+        "        if '/product/' in page.url:\n"
+        "            raise RuntimeError('boom')\n"
+        "        yield from page.links()\n"
+    )
+    with ShopServer(ShopConfig(listings=1, per_page=3)) as server:
+        db = tmp_path / "c.db"
+        summary = run_crawl(crawl_config(db, server.seed_url, spider=f"{spider}:Bad",
+                                         parse_workers=workers))
+    assert summary.finished and summary.failed == 3
+    f = SQLiteFrontier(str(db))
+    st = f.stats()
+    f.close()
+    assert st.urls_by_state["failed"] == 3 and st.urls_by_state["done"] == 1

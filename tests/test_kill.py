@@ -1,0 +1,76 @@
+"""SIGKILL in the middle of a crawl, in the normal suite (bounded: a small shop, 3 kills)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from idemcrawl.testsite import ShopConfig, ShopServer, expected_products
+
+from .conftest import SHOP_SPIDER
+
+
+def _crawl_cmd(seed: str, db: Path, concurrency: int) -> list[str]:
+    return [
+        sys.executable, "-m", "idemcrawl", "crawl", seed, "--db", str(db), "--spider",
+        SHOP_SPIDER, "--concurrency", str(concurrency), "--host-concurrency", str(concurrency),
+        "--delay", "0", "--allow-private", "127.0.0.1", "--quiet",
+    ]
+
+
+def _kill_after_requests(server: ShopServer, cmd: list[str], n: int) -> int:
+    """Start a crawl, SIGKILL its process group once the server saw ``n`` more requests."""
+    before = int(server.stats()["total"])  # type: ignore[call-overload]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if int(server.stats()["total"]) >= before + n:  # type: ignore[call-overload]
+            break
+        time.sleep(0.002)
+    assert proc.poll() is None, "crawl ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return proc.returncode
+
+
+def _rows(db: Path) -> list[tuple[str, str]]:
+    con = sqlite3.connect(db)
+    try:
+        return [(k, json.loads(d)["price"]) for k, d in con.execute("SELECT key, data FROM records")]
+    finally:
+        con.close()
+
+
+def _leased(db: Path) -> int:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT count(*) FROM urls WHERE state='leased'").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_sigkill_and_restart_with_other_concurrency(tmp_path: Path) -> None:
+    cfg = ShopConfig(listings=6, per_page=10, latency_ms=40)
+    db = tmp_path / "kill.db"
+    in_flight = 0
+    with ShopServer(cfg) as server:
+        for i, conc in enumerate((8, 2, 5)):
+            code = _kill_after_requests(server, _crawl_cmd(server.seed_url, db, conc), 8 + 4 * i)
+            assert code == -signal.SIGKILL
+            in_flight += _leased(db)
+        done = subprocess.run(_crawl_cmd(server.seed_url, db, 3), timeout=120,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        paths: dict[str, int] = server.stats()["paths"]  # type: ignore[assignment]
+    rows = _rows(db)
+    assert sorted(rows) == sorted(expected_products(cfg).items())  # one correct row each
+    repeated = sum(n - 1 for n in paths.values())
+    assert len(paths) == 6 + 60
+    assert repeated <= in_flight, (repeated, in_flight)
