@@ -23,8 +23,14 @@ def shop() -> Iterator[ShopServer]:
 
 def crawl_config(db: Path | str, seed: str, **kw: object) -> CrawlConfig:
     base: dict[str, object] = dict(
-        db=str(db), seeds=(seed,), spider=SHOP_SPIDER, concurrency=4, host_concurrency=4,
-        delay=0.0, allow_private=LOOPBACK, parse_workers=0,
+        db=str(db),
+        seeds=(seed,),
+        spider=SHOP_SPIDER,
+        concurrency=4,
+        host_concurrency=4,
+        delay=0.0,
+        allow_private=LOOPBACK,
+        parse_workers=0,
     )
     base.update(kw)
     return CrawlConfig(**base)  # type: ignore[arg-type]

@@ -18,8 +18,9 @@ from .conftest import SHOP_SPIDER
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "idemcrawl", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "idemcrawl", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -40,15 +41,23 @@ def _assert_one_line_error(res: subprocess.CompletedProcess[str], needle: str) -
 
 
 def test_invalid_seed_url(tmp_path: Path) -> None:
-    _assert_one_line_error(run_cli("crawl", "ht!tp://nope", "--db", str(tmp_path / "x.db")),
-                           "invalid URL")
-    _assert_one_line_error(run_cli("crawl", "mailto:a@b.c", "--db", str(tmp_path / "x.db")),
-                           "unsupported scheme")
+    _assert_one_line_error(
+        run_cli("crawl", "ht!tp://nope", "--db", str(tmp_path / "x.db")), "invalid URL"
+    )
+    _assert_one_line_error(
+        run_cli("crawl", "mailto:a@b.c", "--db", str(tmp_path / "x.db")), "unsupported scheme"
+    )
 
 
 def test_unknown_spider_file(tmp_path: Path) -> None:
-    res = run_cli("crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"),
-                  "--spider", str(tmp_path / "missing.py") + ":S")
+    res = run_cli(
+        "crawl",
+        "http://127.0.0.1:9/",
+        "--db",
+        str(tmp_path / "x.db"),
+        "--spider",
+        str(tmp_path / "missing.py") + ":S",
+    )
     _assert_one_line_error(res, "spider file not found")
 
 
@@ -56,19 +65,27 @@ def test_unreadable_database(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not a database" * 100)
     _assert_one_line_error(run_cli("status", "--db", str(junk)), "cannot open crawl database")
-    _assert_one_line_error(run_cli("export", "--db", str(tmp_path / "none.db")),
-                           "no crawl database")
+    _assert_one_line_error(
+        run_cli("export", "--db", str(tmp_path / "none.db")), "no crawl database"
+    )
     _assert_one_line_error(run_cli("crawl", "--db", str(tmp_path / "none.db")), "no seed URLs")
     res = run_cli("crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "no/dir/x.db"))
     _assert_one_line_error(res, "missing")
 
 
 def test_bad_flag_values(tmp_path: Path) -> None:
-    res = run_cli("crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"),
-                  "--allow-private", "not-an-ip")
+    res = run_cli(
+        "crawl",
+        "http://127.0.0.1:9/",
+        "--db",
+        str(tmp_path / "x.db"),
+        "--allow-private",
+        "not-an-ip",
+    )
     _assert_one_line_error(res, "not-an-ip")
-    res = run_cli("crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"),
-                  "--commit-seconds", "5")
+    res = run_cli(
+        "crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"), "--commit-seconds", "5"
+    )
     _assert_one_line_error(res, "--commit-seconds")
     res = run_cli("crawl", "http://x/", "--db", str(tmp_path / "x.db"), "--delay", "abc")
     assert res.returncode == 2 and "Traceback" not in res.stderr
@@ -76,8 +93,21 @@ def test_bad_flag_values(tmp_path: Path) -> None:
 
 def test_crawl_status_export_roundtrip(shop: ShopServer, tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
-    res = run_cli("crawl", shop.seed_url, "--db", db, "--spider", SHOP_SPIDER, "--delay", "0",
-                  "--host-concurrency", "4", "--allow-private", "127.0.0.1", "--json")
+    res = run_cli(
+        "crawl",
+        shop.seed_url,
+        "--db",
+        db,
+        "--spider",
+        SHOP_SPIDER,
+        "--delay",
+        "0",
+        "--host-concurrency",
+        "4",
+        "--allow-private",
+        "127.0.0.1",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["finished"] and summary["records"] == 20
@@ -95,8 +125,15 @@ def test_crawl_status_export_roundtrip(shop: ShopServer, tmp_path: Path) -> None
     assert run_cli("export", "--db", db, "-o", str(out)).returncode == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["key"]: r["data"]["price"] for r in rows} == expected_products(shop.cfg)
-    assert set(rows[0]) == {"record_id", "source", "key", "url", "data", "first_seen",
-                            "last_changed"}
+    assert set(rows[0]) == {
+        "record_id",
+        "source",
+        "key",
+        "url",
+        "data",
+        "first_seen",
+        "last_changed",
+    }
     res = run_cli("export", "--db", db, "--format", "csv")
     table = list(csv.DictReader(io.StringIO(res.stdout)))
     assert len(table) == 20 and json.loads(table[0]["data"])["sku"] == table[0]["key"]
@@ -110,8 +147,11 @@ def test_demo_prints_what_was_stored(tmp_path: Path) -> None:
 
 
 def test_testsite_serves_and_stops() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "idemcrawl", "testsite", "--port", "0",
-                             "--listings", "2"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "idemcrawl", "testsite", "--port", "0", "--listings", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -122,8 +162,25 @@ def test_testsite_serves_and_stops() -> None:
 
 
 def test_chaos_small_run_passes() -> None:
-    res = run_cli("chaos", "--runs", "1", "--kills", "2", "--listings", "3", "--per-page", "10",
-                  "--latency-ms", "60", "--min", "0.1", "--max", "0.3", "--json", timeout=120)
+    res = run_cli(
+        "chaos",
+        "--runs",
+        "1",
+        "--kills",
+        "2",
+        "--listings",
+        "3",
+        "--per-page",
+        "10",
+        "--latency-ms",
+        "60",
+        "--min",
+        "0.1",
+        "--max",
+        "0.3",
+        "--json",
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["ok"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -61,11 +62,14 @@ def test_max_pages_stops_and_resume_finishes(shop: ShopServer, tmp_path: Path) -
 
 def test_politeness_delay_between_request_starts(tmp_path: Path) -> None:
     with ShopServer(ShopConfig(listings=1, per_page=4)) as server:
-        run_crawl(crawl_config(tmp_path / "c.db", server.seed_url, concurrency=8,
-                               host_concurrency=1, delay=0.2))
+        run_crawl(
+            crawl_config(
+                tmp_path / "c.db", server.seed_url, concurrency=8, host_concurrency=1, delay=0.2
+            )
+        )
         starts = sorted(t for t, _ in server.request_log())  # type: ignore[misc]
     assert len(starts) == 5
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert min(gaps) >= 0.19, gaps
 
 
@@ -101,8 +105,9 @@ def test_server_errors_are_retried_then_failed(tmp_path: Path) -> None:
     s.close()
     db = tmp_path / "c.db"
     t = time.monotonic()
-    summary = run_crawl(crawl_config(db, f"http://127.0.0.1:{port}/", max_retries=2,
-                                     retry_base=0.05))
+    summary = run_crawl(
+        crawl_config(db, f"http://127.0.0.1:{port}/", max_retries=2, retry_base=0.05)
+    )
     assert time.monotonic() - t < 20
     assert summary.finished and summary.failed == 1
     f = SQLiteFrontier(str(db))
@@ -161,8 +166,9 @@ def test_spider_errors_fail_the_url_not_the_crawl(tmp_path: Path, workers: int) 
     )
     with ShopServer(ShopConfig(listings=1, per_page=3)) as server:
         db = tmp_path / "c.db"
-        summary = run_crawl(crawl_config(db, server.seed_url, spider=f"{spider}:Bad",
-                                         parse_workers=workers))
+        summary = run_crawl(
+            crawl_config(db, server.seed_url, spider=f"{spider}:Bad", parse_workers=workers)
+        )
     assert summary.finished and summary.failed == 3
     f = SQLiteFrontier(str(db))
     st = f.stats()

@@ -18,17 +18,33 @@ from .conftest import SHOP_SPIDER
 
 def _crawl_cmd(seed: str, db: Path, concurrency: int) -> list[str]:
     return [
-        sys.executable, "-m", "idemcrawl", "crawl", seed, "--db", str(db), "--spider",
-        SHOP_SPIDER, "--concurrency", str(concurrency), "--host-concurrency", str(concurrency),
-        "--delay", "0", "--allow-private", "127.0.0.1", "--quiet",
+        sys.executable,
+        "-m",
+        "idemcrawl",
+        "crawl",
+        seed,
+        "--db",
+        str(db),
+        "--spider",
+        SHOP_SPIDER,
+        "--concurrency",
+        str(concurrency),
+        "--host-concurrency",
+        str(concurrency),
+        "--delay",
+        "0",
+        "--allow-private",
+        "127.0.0.1",
+        "--quiet",
     ]
 
 
 def _kill_after_requests(server: ShopServer, cmd: list[str], n: int) -> int:
     """Start a crawl, SIGKILL its process group once the server saw ``n`` more requests."""
     before = int(server.stats()["total"])  # type: ignore[call-overload]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and proc.poll() is None:
         if int(server.stats()["total"]) >= before + n:  # type: ignore[call-overload]
@@ -43,7 +59,9 @@ def _kill_after_requests(server: ShopServer, cmd: list[str], n: int) -> int:
 def _rows(db: Path) -> list[tuple[str, str]]:
     con = sqlite3.connect(db)
     try:
-        return [(k, json.loads(d)["price"]) for k, d in con.execute("SELECT key, data FROM records")]
+        return [
+            (k, json.loads(d)["price"]) for k, d in con.execute("SELECT key, data FROM records")
+        ]
     finally:
         con.close()
 
@@ -65,8 +83,9 @@ def test_sigkill_and_restart_with_other_concurrency(tmp_path: Path) -> None:
             code = _kill_after_requests(server, _crawl_cmd(server.seed_url, db, conc), 8 + 4 * i)
             assert code == -signal.SIGKILL
             in_flight += _leased(db)
-        done = subprocess.run(_crawl_cmd(server.seed_url, db, 3), timeout=120,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            _crawl_cmd(server.seed_url, db, 3), timeout=120, capture_output=True, text=True
+        )
         assert done.returncode == 0, done.stderr
         paths: dict[str, int] = server.stats()["paths"]  # type: ignore[assignment]
     rows = _rows(db)

@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--db", default="demo.db")
     d.add_argument("--listings", type=_positive_int, default=5)
     d.add_argument("--per-page", type=_positive_int, default=10)
+    d.add_argument(
+        "--port",
+        type=_positive_int,
+        default=8765,
+        help="loopback port for the shop (default 8765, so a rerun resumes the same "
+        "crawl; a busy port falls back to a free one)",
+    )
 
     k = sub.add_parser(
         "chaos",
@@ -356,7 +363,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from .testsite import ShopConfig, ShopServer, expected_products
 
     shop = ShopConfig(a.listings, a.per_page)
-    with ShopServer(shop) as server:
+    server = ShopServer(shop, port=a.port)
+    try:
+        server.start()
+    except (OSError, RuntimeError):
+        server = ShopServer(shop).start()
+    try:
         print(f"test shop at {server.seed_url}; crawling into {a.db}", file=sys.stderr)
         summary = run_crawl(
             CrawlConfig(
@@ -371,6 +383,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
             handle_signals=True,
         )
         requests = server.stats()["total"]
+    finally:
+        server.stop()
     f = _open_existing(a.db)
     rows = list(f.records())
     f.close()

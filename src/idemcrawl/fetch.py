@@ -74,13 +74,17 @@ class AddressPolicy:
             ip = mapped
         if any(ip in net for net in self.allow):
             return None
+        teredo = getattr(ip, "teredo", None)
+        embedded = getattr(ip, "sixtofour", None) or (teredo[1] if teredo else None)
+        if embedded is not None and self.forbidden_reason(embedded):
+            return f"6to4/teredo address {ip} embeds {embedded}"
         checks = (
             ("loopback", ip.is_loopback),
-            ("private", ip.is_private),
+            ("unspecified", ip.is_unspecified),
             ("link-local", ip.is_link_local),
             ("multicast", ip.is_multicast),
             ("reserved", ip.is_reserved),
-            ("unspecified", ip.is_unspecified),
+            ("private", ip.is_private),
             ("special-purpose", any(ip in n for n in _EXTRA_FORBIDDEN if n.version == ip.version)),
         )
         for name, hit in checks:
@@ -117,7 +121,9 @@ class GuardedResolver(AbstractResolver):
                 continue
             allowed.append(r)
         if not allowed:
-            raise last or BlockedAddress(f"{host}: no address")
+            if last is None:  # an empty answer is a DNS failure, worth retrying
+                raise OSError(f"{host}: no address")
+            raise last
         return allowed
 
     async def close(self) -> None:
@@ -243,7 +249,7 @@ def retry_after_seconds(value: str | None, now: float, cap: float) -> float | No
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return min(float(value), cap)
     from email.utils import parsedate_to_datetime
 

@@ -9,6 +9,7 @@ bytes and tuples crosses the process boundary.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -77,7 +78,7 @@ class Node:
 
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _BOMS = (
-    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
     (codecs.BOM_UTF16_LE, "utf-16-le"),
     (codecs.BOM_UTF16_BE, "utf-16-be"),
 )
@@ -102,10 +103,10 @@ def detect_encoding(body: bytes, content_type: str | None) -> str:
 
 def _known_codec(name: str) -> bool:
     try:
-        codecs.lookup(name)
+        info = codecs.lookup(name)
     except LookupError:
         return False
-    return True
+    return bool(getattr(info, "_is_text_encoding", True))  # base64, zlib… are not charsets
 
 
 class Page:
@@ -229,7 +230,7 @@ def load_spider(spec: str | None) -> type[Spider]:
             path = os.path.abspath(target)
             if not os.path.isfile(path):
                 raise SpiderLoadError(f"spider file not found: {target}")
-            mod_name = "idemcrawl_user_spider_" + re.sub(r"\W", "_", path)
+            mod_name = "idemcrawl_user_spider_" + hashlib.sha256(path.encode()).hexdigest()[:16]
             module = sys.modules.get(mod_name)
             if module is None:
                 spec_obj = importlib.util.spec_from_file_location(mod_name, path)
@@ -237,7 +238,11 @@ def load_spider(spec: str | None) -> type[Spider]:
                     raise SpiderLoadError(f"cannot load spider file {target}")
                 module = importlib.util.module_from_spec(spec_obj)
                 sys.modules[mod_name] = module
-                spec_obj.loader.exec_module(module)
+                try:
+                    spec_obj.loader.exec_module(module)
+                except BaseException:
+                    sys.modules.pop(mod_name, None)
+                    raise
         else:
             module = importlib.import_module(target)
     except SpiderLoadError:
@@ -247,6 +252,8 @@ def load_spider(spec: str | None) -> type[Spider]:
             f"cannot import spider {target}: {type(exc).__name__}: {exc}"
         ) from exc
     cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise SpiderLoadError(f"{target} has no attribute {cls_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Spider)):
         raise SpiderLoadError(f"{cls_name!r} in {target} is not an idemcrawl.Spider subclass")
     return cls

@@ -1,0 +1,580 @@
+"""Tests for the parsing side: encoding detection, Page, the Spider API and the worker Parser.
+
+The Spider subclasses below live at module level on purpose: the Parser loads its spider by
+spec, and ``tests.test_parse:ShopSpider`` must resolve to the very class defined here (checked by
+``test_module_spec_resolves_to_this_module``).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import sys
+import textwrap
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idemcrawl.frontier.base import NewURL, RecordWrite, record_id
+from idemcrawl.parse import (
+    Link,
+    Node,
+    Page,
+    ParseJob,
+    Parser,
+    ParseResult,
+    Record,
+    Spider,
+    SpiderLoadError,
+    detect_encoding,
+    load_spider,
+)
+
+SHOP = "http://shop.test"
+SCOPE = frozenset({SHOP})
+HTML = {"content-type": "text/html; charset=utf-8"}
+
+# -- spiders used through their "tests.test_parse:Name" spec -------------------------------------
+
+
+class ShopSpider(Spider):
+    """One record per page plus a mix of good, out-of-scope and invalid links."""
+
+    name = "shop"
+
+    def parse(self, page: Page) -> Iterator[Record | Link | str]:
+        title = page.css_first("h1")
+        assert title is not None
+        yield Record("widget-1", {"title": title.text(), "price": 3})
+        yield Record(7, {"n": 7})  # type: ignore[arg-type]  # key is coerced with str()
+        yield Link("/b", priority=5)
+        yield "/a#frag"
+        yield "http://other.test/x"  # out of scope for scope "host"
+        yield "javascript:alert(1)"  # not http(s): invalid
+        yield Link("http://exa mple.test/", priority=9)  # unparseable: invalid
+
+
+class RelativeSpider(Spider):
+    name = "relative"
+
+    def parse(self, page: Page) -> Iterator[str]:
+        yield "rel"
+
+
+class BoomSpider(Spider):
+    """Yields good output, then raises: nothing of this page may survive."""
+
+    name = "boom"
+
+    def parse(self, page: Page) -> Iterator[Record | str]:
+        yield Record("k", {"a": 1})
+        yield "/b"
+        raise RuntimeError("kaboom")
+
+
+class WrongTypeSpider(Spider):
+    name = "wrong"
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        yield "/ok"
+        yield 42
+
+
+class BadDataSpider(Spider):
+    name = "baddata"
+
+    def parse(self, page: Page) -> Iterator[Record]:
+        yield Record("k", ["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+class CircularDataSpider(Spider):
+    name = "circular"
+
+    def parse(self, page: Page) -> Iterator[Record]:
+        data: dict[str, Any] = {}
+        data["self"] = data
+        yield Record("k", data)
+
+
+class ListSpider(Spider):
+    """``parse`` may return any iterable, not only be a generator."""
+
+    name = "list"
+
+    def parse(self, page: Page) -> Iterable[Record | Link | str]:
+        return [Record("only", {"x": True})]
+
+
+class JsonSpider(Spider):
+    name = "json"
+    parse_non_html = True
+
+    def parse(self, page: Page) -> Iterator[Record]:
+        yield Record("doc", json.loads(page.body))
+
+
+class NotASpider:
+    name = "plain"
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def job(
+    body: bytes = b"",
+    *,
+    url: str = f"{SHOP}/dir/page",
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    depth: int = 0,
+) -> ParseJob:
+    return ParseJob(url, status, dict(HTML if headers is None else headers), body, depth)
+
+
+def parser(spec: str | None, scope: str = "host") -> Parser:
+    return Parser(spec, SCOPE, scope)
+
+
+ITEM_PAGE = b"<html><body><h1> Widget </h1><a href='/x'>x</a></body></html>"
+
+
+# -- detect_encoding --------------------------------------------------------------------------
+
+
+class TestDetectEncoding:
+    def test_default_is_utf8(self) -> None:
+        assert detect_encoding(b"<html><p>hi</p></html>", None) == "utf-8"
+        assert detect_encoding(b"", "text/html") == "utf-8"
+
+    @pytest.mark.parametrize(
+        ("bom", "expected"),
+        [
+            (codecs.BOM_UTF8, "utf-8-sig"),
+            (codecs.BOM_UTF16_LE, "utf-16-le"),
+            (codecs.BOM_UTF16_BE, "utf-16-be"),
+        ],
+    )
+    def test_bom_wins_over_header_and_meta(self, bom: bytes, expected: str) -> None:
+        body = bom + b'<meta charset="iso-8859-1">'
+        assert detect_encoding(body, "text/html; charset=koi8-r") == expected
+
+    def test_header_charset(self) -> None:
+        assert detect_encoding(b"x", "text/html; charset=ISO-8859-1") == "iso-8859-1"
+        assert detect_encoding(b"x", 'text/html; Charset="windows-1252"; x=y') == "windows-1252"
+
+    def test_header_charset_wins_over_meta(self) -> None:
+        body = b'<meta charset="utf-8">'
+        assert detect_encoding(body, "text/html; charset=koi8-r") == "koi8-r"
+
+    def test_meta_charset(self) -> None:
+        assert detect_encoding(b'<head><meta charset="Shift_JIS">', "text/html") == "shift_jis"
+        http_equiv = b'<meta http-equiv="Content-Type" content="text/html; charset=windows-1252">'
+        assert detect_encoding(http_equiv, None) == "windows-1252"
+
+    def test_meta_only_looked_for_near_the_start(self) -> None:
+        body = b" " * 5000 + b'<meta charset="iso-8859-1">'
+        assert detect_encoding(body, None) == "utf-8"
+
+    def test_unknown_header_charset_falls_back_to_meta(self) -> None:
+        body = b'<meta charset="iso-8859-1">'
+        assert detect_encoding(body, "text/html; charset=x-no-such-codec") == "iso-8859-1"
+
+    def test_unknown_meta_charset_falls_back_to_utf8(self) -> None:
+        assert detect_encoding(b'<meta charset="x-no-such-codec">', None) == "utf-8"
+        assert detect_encoding(b"x", "text/html; charset=") == "utf-8"
+
+    def test_non_text_codec_is_ignored(self) -> None:
+        body = b'<meta charset="base64"><a href="/x">x</a>'
+        assert detect_encoding(body, None) == "utf-8"
+        assert Page(f"{SHOP}/", 200, {}, body).links() == [f"{SHOP}/x"]
+
+
+# -- Page -------------------------------------------------------------------------------------
+
+LINKS_HTML = b"""<!doctype html><html><head><title>Links</title></head><body>
+<a href="/b">B</a>
+<a href="/a#top">A</a>
+<a href="http://SHOP.test:80/b">B again, spelled differently</a>
+<a href="javascript:void(0)">js</a>
+<a href="mailto:x@shop.test">mail</a>
+<a href="http://other.test/x">other host</a>
+<a href="">empty</a>
+<a>no href</a>
+<a href="https://shop.test/secure">other scheme, other origin</a>
+<a href="sub/x?q=1#f">relative</a>
+<map><area href="/c" alt="c"></map>
+<a href="/a">A again</a>
+</body></html>"""
+
+
+class TestPage:
+    def test_latin1_page_declared_in_meta(self) -> None:
+        html = '<html><head><meta charset="iso-8859-1"><title>Café</title></head></html>'
+        page = Page(f"{SHOP}/", 200, {"content-type": "text/html"}, html.encode("latin-1"))
+        assert page.encoding == "iso-8859-1"
+        assert "Café" in page.text
+        title = page.css_first("title")
+        assert title is not None
+        assert title.text() == "Café"
+
+    def test_windows1252_via_http_equiv(self) -> None:
+        html = (
+            '<meta http-equiv="Content-Type" content="text/html; charset=windows-1252">'
+            "<p>5 \x80</p>"
+        )
+        page = Page(f"{SHOP}/", 200, {}, html.encode("latin-1"))
+        p = page.css_first("p")
+        assert p is not None
+        assert p.text() == "5 €"
+
+    def test_undecodable_bytes_are_replaced_not_fatal(self) -> None:
+        page = Page(f"{SHOP}/", 200, HTML, b"<p>ok \xff\xfe</p>")
+        assert page.text.startswith("<p>ok ")
+        assert "\ufffd" in page.text
+
+    def test_css_and_nodes(self) -> None:
+        body = b"""<ul id="l"><li class="i" data-x="1"> one </li><li class="i">two</li></ul>
+        <p>after</p>"""
+        page = Page(f"{SHOP}/", 200, HTML, body)
+        items = page.css("li.i")
+        assert [n.text() for n in items] == ["one", "two"]
+        assert all(isinstance(n, Node) for n in items)
+        assert items[0].text(strip=False) == " one "
+        assert items[0].attrs == {"class": "i", "data-x": "1"}
+        assert items[0].tag == "li"
+        assert "<li" in items[0].html
+        ul = page.css_first("ul#l")
+        assert isinstance(ul, Node)
+        assert [n.text() for n in ul.css("li")] == ["one", "two"]
+        first = ul.css_first("li")
+        assert first is not None
+        assert first.text() == "one"
+        assert ul.css_first("p") is None
+        assert page.css_first("table") is None
+        assert page.css("table") == []
+
+    def test_content_type_and_is_html(self) -> None:
+        def page(ct: str | None) -> Page:
+            return Page(f"{SHOP}/", 200, {} if ct is None else {"content-type": ct}, b"")
+
+        assert page("Text/HTML; charset=utf-8").content_type == "text/html"
+        assert page("text/html").is_html
+        assert page("application/xhtml+xml").is_html
+        assert page(None).is_html  # no content type: sniffed as HTML
+        assert not page("application/json").is_html
+        assert not page("image/png").is_html
+
+    def test_links_absolute_normalised_deduplicated_in_order(self) -> None:
+        page = Page(f"{SHOP}/dir/page", 200, HTML, LINKS_HTML, scope_hosts=SCOPE, scope="host")
+        assert page.links() == [
+            f"{SHOP}/b",
+            f"{SHOP}/a",
+            f"{SHOP}/dir/sub/x?q=1",
+            f"{SHOP}/c",
+        ]
+
+    def test_links_scope_any_keeps_other_hosts(self) -> None:
+        page = Page(f"{SHOP}/dir/page", 200, HTML, LINKS_HTML)  # default scope "any"
+        assert page.links() == [
+            f"{SHOP}/b",
+            f"{SHOP}/a",
+            "http://other.test/x",
+            "https://shop.test/secure",
+            f"{SHOP}/dir/sub/x?q=1",
+            f"{SHOP}/c",
+        ]
+
+    def test_links_with_scope_host_and_no_seeds_is_empty(self) -> None:
+        page = Page(f"{SHOP}/dir/page", 200, HTML, LINKS_HTML, scope="host")
+        assert page.links() == []
+
+    def test_links_honour_base_href(self) -> None:
+        body = b"""<head><base href="http://shop.test/base/"></head>
+        <a href="rel">r</a><a href="/abs">a</a><a href="?q=1">q</a>"""
+        page = Page(f"{SHOP}/dir/page", 200, HTML, body)
+        assert page.base_url == f"{SHOP}/base/"
+        assert page.links() == [f"{SHOP}/base/rel", f"{SHOP}/abs", f"{SHOP}/base/?q=1"]
+
+    def test_relative_base_href_is_resolved_against_the_url(self) -> None:
+        body = b'<base href="../other/"><a href="x">x</a>'
+        page = Page(f"{SHOP}/dir/sub/page", 200, HTML, body)
+        assert page.links() == [f"{SHOP}/dir/other/x"]
+
+    def test_invalid_base_href_is_ignored(self) -> None:
+        body = b'<base href="javascript:void(0)"><a href="x">x</a>'
+        page = Page(f"{SHOP}/dir/page", 200, HTML, body)
+        assert page.base_url == f"{SHOP}/dir/page"
+        assert page.links() == [f"{SHOP}/dir/x"]
+
+    @pytest.mark.parametrize("ct", ["application/json", "image/png", "text/plain"])
+    def test_links_of_non_html_is_empty(self, ct: str) -> None:
+        page = Page(f"{SHOP}/", 200, {"content-type": ct}, b'<a href="/x">x</a>')
+        assert page.links() == []
+        assert page.base_url == f"{SHOP}/"
+
+    def test_in_scope(self) -> None:
+        page = Page(f"{SHOP}/", 200, HTML, b"", scope_hosts=SCOPE, scope="host")
+        assert page.in_scope(f"{SHOP}/anything")
+        assert not page.in_scope("http://other.test/")
+        assert not page.in_scope("http://shop.test:8080/")
+
+
+# -- Parser.run -------------------------------------------------------------------------------
+
+
+class TestParser:
+    def test_module_spec_resolves_to_this_module(self) -> None:
+        assert load_spider("tests.test_parse:ShopSpider") is ShopSpider
+
+    def test_records_and_links(self) -> None:
+        p = parser("tests.test_parse:ShopSpider")
+        assert p.source == "shop"
+        result = p.run(job(ITEM_PAGE, depth=2))
+        assert result.error is None
+        assert result.records == [
+            RecordWrite.make("shop", "widget-1", {"title": "Widget", "price": 3}),
+            RecordWrite.make("shop", "7", {"n": 7}),
+        ]
+        rec = result.records[0]
+        assert rec.source == "shop"
+        assert rec.key == "widget-1"
+        assert rec.record_id == record_id("shop", "widget-1")
+        assert json.loads(rec.data_json) == {"title": "Widget", "price": 3}
+        assert result.records[1].record_id == record_id("shop", "7")
+        assert result.links == [
+            NewURL(f"{SHOP}/b", SHOP, priority=5, depth=3),
+            NewURL(f"{SHOP}/a", SHOP, priority=0, depth=3),
+        ]
+        assert result.rejected == 3  # other.test, javascript:, unparseable
+
+    def test_scope_any_keeps_other_hosts(self) -> None:
+        result = parser("tests.test_parse:ShopSpider", scope="any").run(job(ITEM_PAGE))
+        assert [(n.url, n.host_key) for n in result.links] == [
+            (f"{SHOP}/b", SHOP),
+            (f"{SHOP}/a", SHOP),
+            ("http://other.test/x", "http://other.test"),
+        ]
+        assert result.rejected == 2
+
+    def test_spider_links_resolve_against_base_href(self) -> None:
+        body = b'<base href="http://shop.test/base/"><p>x</p>'
+        result = parser("tests.test_parse:RelativeSpider").run(job(body))
+        assert result.links == [NewURL(f"{SHOP}/base/rel", SHOP, depth=1)]
+
+    def test_spider_exception_fails_the_page(self) -> None:
+        result = parser("tests.test_parse:BoomSpider").run(job(ITEM_PAGE))
+        assert result.error is not None
+        assert "RuntimeError" in result.error
+        assert "kaboom" in result.error
+        assert result.records == []
+        assert result.links == []
+        assert result.rejected == 0
+
+    def test_wrong_item_type_is_an_error(self) -> None:
+        result = parser("tests.test_parse:WrongTypeSpider").run(job(ITEM_PAGE))
+        assert result.error is not None
+        assert "TypeError" in result.error
+        assert "int" in result.error
+        assert result.links == []
+
+    def test_non_dict_record_data_is_an_error(self) -> None:
+        result = parser("tests.test_parse:BadDataSpider").run(job(ITEM_PAGE))
+        assert result.error is not None
+        assert "Record.data must be a dict" in result.error
+        assert "list" in result.error
+        assert result.records == []
+
+    def test_unserialisable_record_data_is_an_error(self) -> None:
+        result = parser("tests.test_parse:CircularDataSpider").run(job(ITEM_PAGE))
+        assert result.error is not None
+        assert result.error.startswith("parse error: ValueError")
+        assert result.records == []
+
+    def test_parse_may_return_a_list(self) -> None:
+        result = parser("tests.test_parse:ListSpider").run(job(ITEM_PAGE))
+        assert result.error is None
+        assert [r.key for r in result.records] == ["only"]
+
+    @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+    def test_redirect_yields_only_the_location(self, status: int) -> None:
+        # BoomSpider would turn any spider call into an error.
+        p = parser("tests.test_parse:BoomSpider")
+        result = p.run(
+            job(
+                ITEM_PAGE,
+                url=f"{SHOP}/a/c",
+                status=status,
+                headers={"location": "../b?x=1#frag", "content-type": "text/html"},
+                depth=4,
+            )
+        )
+        assert result == ParseResult(links=[NewURL(f"{SHOP}/b?x=1", SHOP, priority=0, depth=5)])
+
+    def test_redirect_out_of_scope_is_rejected(self) -> None:
+        result = parser("tests.test_parse:BoomSpider").run(
+            job(status=302, headers={"location": "http://other.test/"})
+        )
+        assert result == ParseResult(rejected=1)
+
+    def test_redirect_to_invalid_url_is_rejected(self) -> None:
+        result = parser("tests.test_parse:BoomSpider").run(
+            job(status=301, headers={"location": "javascript:alert(1)"})
+        )
+        assert result == ParseResult(rejected=1)
+
+    @pytest.mark.parametrize("status", [302, 304])
+    def test_3xx_without_location_yields_nothing(self, status: int) -> None:
+        result = parser("tests.test_parse:BoomSpider").run(job(ITEM_PAGE, status=status))
+        assert result == ParseResult()
+
+    @pytest.mark.parametrize("status", [400, 403, 404, 410, 500])
+    def test_error_statuses_yield_nothing(self, status: int) -> None:
+        result = parser("tests.test_parse:BoomSpider").run(job(ITEM_PAGE, status=status))
+        assert result == ParseResult()
+        result = parser(None).run(job(ITEM_PAGE, status=status))
+        assert result == ParseResult()
+
+    def test_non_html_is_not_parsed_by_default(self) -> None:
+        result = parser("tests.test_parse:BoomSpider").run(
+            job(b'{"a": 1}', headers={"content-type": "application/json"})
+        )
+        assert result == ParseResult()
+
+    def test_parse_non_html_opt_in(self) -> None:
+        result = parser("tests.test_parse:JsonSpider").run(
+            job(b'{"a": [1, 2]}', headers={"content-type": "application/json"})
+        )
+        assert result.error is None
+        assert result.records == [RecordWrite.make("json", "doc", {"a": [1, 2]})]
+
+    def test_default_spider_follows_links_and_stores_nothing(self) -> None:
+        p = parser(None)
+        assert type(p.spider) is Spider
+        assert p.source == "default"
+        result = p.run(job(LINKS_HTML, depth=1))
+        assert result.error is None
+        assert result.records == []
+        assert result.links == [
+            NewURL(f"{SHOP}/b", SHOP, depth=2),
+            NewURL(f"{SHOP}/a", SHOP, depth=2),
+            NewURL(f"{SHOP}/dir/sub/x?q=1", SHOP, depth=2),
+            NewURL(f"{SHOP}/c", SHOP, depth=2),
+        ]
+        # Page.links already filtered scope, so nothing is left to reject here.
+        assert result.rejected == 0
+
+
+# -- load_spider ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_modules() -> Iterator[None]:
+    """load_spider registers user files in sys.modules; do not leak them between tests."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("idemcrawl_user_spider_"):
+            del sys.modules[name]
+
+
+def write(path: Path, source: str) -> Path:
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    return path
+
+
+GOOD_SPIDER = """\
+from idemcrawl.parse import Record, Spider
+
+class Mine(Spider):
+    name = "mine"
+
+    def parse(self, page):
+        yield Record(page.url, {"ok": True})
+"""
+
+
+@pytest.mark.usefixtures("clean_modules")
+class TestLoadSpider:
+    def test_none_gives_default(self) -> None:
+        assert load_spider(None) is Spider
+        assert load_spider("") is Spider
+
+    def test_file_spec_works(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "mine.py", GOOD_SPIDER)
+        cls = load_spider(f"{path}:Mine")
+        assert issubclass(cls, Spider)
+        assert cls.name == "mine"
+        assert load_spider(f"{path}:Mine") is cls  # loaded once per process
+
+    def test_file_spider_runs_in_parser(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "mine.py", GOOD_SPIDER)
+        result = Parser(f"{path}:Mine", SCOPE, "host").run(job(ITEM_PAGE))
+        assert result.error is None
+        assert result.records == [RecordWrite.make("mine", f"{SHOP}/dir/page", {"ok": True})]
+
+    def test_relative_file_spec(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        write(tmp_path / "mine.py", GOOD_SPIDER)
+        monkeypatch.chdir(tmp_path)
+        assert load_spider("mine.py:Mine").name == "mine"
+
+    def test_missing_file(self, tmp_path: Path) -> None:
+        with pytest.raises(SpiderLoadError, match=r"spider file not found: .*nope\.py"):
+            load_spider(f"{tmp_path / 'nope.py'}:Mine")
+
+    def test_file_without_the_class(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "mine.py", GOOD_SPIDER)
+        with pytest.raises(SpiderLoadError, match=r"mine\.py has no attribute 'Missing'"):
+            load_spider(f"{path}:Missing")
+
+    def test_class_not_a_spider_subclass(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "plain.py", "class Plain:\n    name = 'plain'\n")
+        with pytest.raises(SpiderLoadError, match=r"'Plain' .* not an idemcrawl\.Spider subclass"):
+            load_spider(f"{path}:Plain")
+
+    def test_attribute_that_is_not_a_class(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "obj.py", "from idemcrawl.parse import Spider\nInst = Spider()\n")
+        with pytest.raises(SpiderLoadError, match=r"not an idemcrawl\.Spider subclass"):
+            load_spider(f"{path}:Inst")
+
+    def test_module_class_not_a_spider(self) -> None:
+        with pytest.raises(SpiderLoadError, match=r"'NotASpider' in tests\.test_parse is not"):
+            load_spider("tests.test_parse:NotASpider")
+
+    @pytest.mark.parametrize("spec", ["nocolon", "spider.py", "spider.py:", ":Mine", ":"])
+    def test_bad_spec_format(self, spec: str) -> None:
+        with pytest.raises(SpiderLoadError, match=r"must look like FILE\.py:Class"):
+            load_spider(spec)
+
+    def test_file_raising_at_import(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "broken.py", "raise RuntimeError('boom at import')\n")
+        with pytest.raises(SpiderLoadError, match=r"cannot import spider .*broken\.py") as info:
+            load_spider(f"{path}:Mine")
+        assert "RuntimeError: boom at import" in str(info.value)
+        assert isinstance(info.value.__cause__, RuntimeError)
+
+    def test_file_with_syntax_error(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "syntax.py", "class Mine(:\n")
+        with pytest.raises(SpiderLoadError, match="SyntaxError"):
+            load_spider(f"{path}:Mine")
+
+    def test_missing_module(self) -> None:
+        with pytest.raises(SpiderLoadError, match="ModuleNotFoundError"):
+            load_spider("idemcrawl_no_such_module_xyz:Mine")
+
+    def test_parser_propagates_load_errors(self, tmp_path: Path) -> None:
+        with pytest.raises(SpiderLoadError):
+            Parser(f"{tmp_path / 'nope.py'}:Mine", SCOPE, "host")
+
+    def test_failed_import_is_not_cached(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "late.py", GOOD_SPIDER + "\nraise RuntimeError('late failure')\n")
+        for _ in range(2):
+            with pytest.raises(SpiderLoadError, match="late failure"):
+                load_spider(f"{path}:Mine")
+
+    def test_distinct_files_get_distinct_modules(self, tmp_path: Path) -> None:
+        a = write(tmp_path / "my-spider.py", GOOD_SPIDER.replace('"mine"', '"dash"'))
+        b = write(tmp_path / "my_spider.py", GOOD_SPIDER.replace('"mine"', '"underscore"'))
+        assert load_spider(f"{a}:Mine").name == "dash"
+        assert load_spider(f"{b}:Mine").name == "underscore"
