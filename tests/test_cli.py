@@ -102,6 +102,8 @@ def test_crawl_status_export_roundtrip(shop: ShopServer, tmp_path: Path) -> None
         SHOP_SPIDER,
         "--delay",
         "0",
+        "--latency-factor",
+        "0",
         "--host-concurrency",
         "4",
         "--allow-private",
@@ -115,11 +117,12 @@ def test_crawl_status_export_roundtrip(shop: ShopServer, tmp_path: Path) -> None
     st = run_cli("status", "--db", db, "--json")
     assert st.returncode == 0, st.stderr
     d = json.loads(st.stdout)
-    assert d["urls"]["done"] == 24 and d["records"] == 20 and d["requests"] == 24
-    assert d["requests_per_record"] == 1.2
+    # 4 listings + 20 products + robots.txt
+    assert d["urls"]["done"] == 25 and d["records"] == 20 and d["requests"] == 25
+    assert d["requests_per_record"] == 1.25
     assert d["group_commit"]["max_completions"] == 64
     text = run_cli("status", "--db", db)
-    assert "group commit" in text.stdout and "per stored record 1.2" in text.stdout
+    assert "group commit" in text.stdout and "per stored record 1.25" in text.stdout
 
     out = tmp_path / "r.jsonl"
     assert run_cli("export", "--db", db, "-o", str(out)).returncode == 0

@@ -30,7 +30,7 @@ def test_full_crawl_stores_every_product_once(shop: ShopServer, tmp_path: Path) 
     assert summary.finished
     assert stored(db) == expected_products(shop.cfg)
     stats = shop.stats()
-    assert stats["total"] == 4 + 20  # listings + products, each exactly once
+    assert stats["total"] == 1 + 4 + 20  # robots.txt, listings, products: each exactly once
     assert max(stats["paths"].values()) == 1  # type: ignore[attr-defined]
 
 
@@ -68,7 +68,7 @@ def test_politeness_delay_between_request_starts(tmp_path: Path) -> None:
             )
         )
         starts = sorted(t for t, _ in server.request_log())  # type: ignore[misc]
-    assert len(starts) == 5
+    assert len(starts) == 6  # robots.txt + listing + 4 products
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert min(gaps) >= 0.19, gaps
 
@@ -79,7 +79,7 @@ def test_host_concurrency_is_never_exceeded(tmp_path: Path) -> None:
         run_crawl(cfg)
         log = sorted(t for t, _ in server.request_log())  # type: ignore[misc]
     # Each request lasts >= 30 ms; with at most 2 in flight, no 3 starts fit in 30 ms.
-    assert len(log) == 33
+    assert len(log) == 34
     windows = [log[i + 2] - log[i] for i in range(len(log) - 2)]
     assert min(windows) >= 0.029, min(windows)
 
@@ -87,6 +87,20 @@ def test_host_concurrency_is_never_exceeded(tmp_path: Path) -> None:
 def test_blocked_address_fails_url_without_request(shop: ShopServer, tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     summary = run_crawl(crawl_config(db, shop.seed_url, allow_private=()))
+    assert summary.finished
+    assert shop.stats()["total"] == 0
+    f = SQLiteFrontier(str(db))
+    row = f.url_row(shop.seed_url)
+    f.close()
+    # robots.txt could not be fetched (refused address), so the host's pages are deferred.
+    assert row is not None and row["state"] == "deferred" and "refused" in row["reason"]
+    assert summary.failed == 0
+
+
+def test_blocked_address_with_robots_ignored_fails_url(shop: ShopServer, tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    cfg = crawl_config(db, shop.seed_url, allow_private=(), ignore_robots=True)
+    summary = run_crawl(cfg)
     assert summary.finished and summary.failed == 1
     assert shop.stats()["total"] == 0
     f = SQLiteFrontier(str(db))
@@ -106,7 +120,14 @@ def test_server_errors_are_retried_then_failed(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     t = time.monotonic()
     summary = run_crawl(
-        crawl_config(db, f"http://127.0.0.1:{port}/", max_retries=2, retry_base=0.05)
+        crawl_config(
+            db,
+            f"http://127.0.0.1:{port}/",
+            max_retries=2,
+            retry_base=0.05,
+            ignore_robots=True,
+            backoff_base=0.05,
+        )
     )
     assert time.monotonic() - t < 20
     assert summary.finished and summary.failed == 1
@@ -173,4 +194,28 @@ def test_spider_errors_fail_the_url_not_the_crawl(tmp_path: Path, workers: int) 
     f = SQLiteFrontier(str(db))
     st = f.stats()
     f.close()
-    assert st.urls_by_state["failed"] == 3 and st.urls_by_state["done"] == 1
+    assert st.urls_by_state["failed"] == 3 and st.urls_by_state["done"] == 2  # + robots.txt
+
+
+def test_unreachable_robots_defers_host_after_retries(tmp_path: Path) -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    db = tmp_path / "c.db"
+    t = time.monotonic()
+    summary = run_crawl(
+        crawl_config(db, f"http://127.0.0.1:{port}/", robots_error_ttl=0.2, robots_max_attempts=3)
+    )
+    assert summary.finished and time.monotonic() - t < 20
+    f = SQLiteFrontier(str(db))
+    page = f.url_row(f"http://127.0.0.1:{port}/")
+    robots = f.url_row(f"http://127.0.0.1:{port}/robots.txt")
+    stats = f.stats()
+    f.close()
+    assert page is not None and page["state"] == "deferred"
+    assert "robots.txt unreachable after 3 attempts" in page["reason"]
+    assert robots is not None and robots["version"] == 3  # fetched three times, one round each
+    assert stats.counters["robots_fetches"] == 3

@@ -33,6 +33,8 @@ def _crawl_cmd(seed: str, db: Path, concurrency: int) -> list[str]:
         str(concurrency),
         "--delay",
         "0",
+        "--latency-factor",
+        "0",
         "--allow-private",
         "127.0.0.1",
         "--quiet",
@@ -91,5 +93,5 @@ def test_sigkill_and_restart_with_other_concurrency(tmp_path: Path) -> None:
     rows = _rows(db)
     assert sorted(rows) == sorted(expected_products(cfg).items())  # one correct row each
     repeated = sum(n - 1 for n in paths.values())
-    assert len(paths) == 6 + 60
+    assert len(paths) == 1 + 6 + 60  # robots.txt, listings, products
     assert repeated <= in_flight, (repeated, in_flight)

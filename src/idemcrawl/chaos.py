@@ -216,6 +216,8 @@ def _idem_cmd(seed_url: str, db: str, concurrency: int) -> list[str]:
         str(concurrency),
         "--delay",
         "0",
+        "--latency-factor",
+        "0",
         "--allow-private",
         "127.0.0.1",
         "--quiet",

@@ -16,11 +16,17 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from . import __version__
-from .config import CrawlConfig, default_parse_workers
+from .config import (
+    FILE_KEYS,
+    ConfigFileError,
+    CrawlConfig,
+    default_parse_workers,
+    load_config_file,
+)
 from .fetch import parse_allow_list
 from .frontier import FrontierError, open_frontier
 from .parse import SpiderLoadError
-from .url import InvalidURL
+from .url import InvalidURL, normalise
 
 
 class UsageError(Exception):
@@ -56,83 +62,131 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"idemcrawl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    S = argparse.SUPPRESS  # only flags given on the command line override the config file
     c = sub.add_parser(
         "crawl",
         help="crawl from seed URLs into a crawl database (resumable)",
-        description="Crawl from seed URLs. Rerunning the same command on the same "
-        "database resumes; on a finished database it makes no request.",
+        description="Crawl from seed URLs. Rerunning the same command on the same database "
+        "resumes; on a finished database it makes no request. Settings come from the built-in "
+        "defaults, then --config FILE, then the flags given here.",
     )
     c.add_argument("urls", nargs="*", metavar="URL", help="seed URLs (optional when resuming)")
-    c.add_argument("--db", required=True, help="crawl database: an SQLite file path")
-    c.add_argument("--spider", help="FILE.py:Class or module:Class (default: follow all links)")
+    c.add_argument("--config", help='TOML file with crawl settings and [hosts."HOST"] overrides')
+    c.add_argument("--db", default=S, help="crawl database: an SQLite file path")
+    c.add_argument(
+        "--spider",
+        default=S,
+        help="FILE.py:Class or module:Class (default: follow all links, store no records)",
+    )
     c.add_argument(
         "--concurrency",
         type=_positive_int,
-        default=16,
+        default=S,
         help="requests in flight across all hosts (default 16)",
     )
     c.add_argument(
         "--host-concurrency",
         type=_positive_int,
-        default=1,
+        default=S,
         help="requests in flight per host (default 1)",
     )
     c.add_argument(
         "--delay",
         type=_seconds,
-        default=1.0,
-        help="seconds between request starts on one host (default 1.0)",
+        default=S,
+        help="minimum seconds between request starts on one host (default 1.0)",
+    )
+    c.add_argument(
+        "--latency-factor",
+        type=_seconds,
+        default=S,
+        help="delay at least this multiple of the host's response time (default 2; 0 = off)",
     )
     c.add_argument(
         "--lease-seconds",
         type=_seconds,
-        default=120.0,
+        default=S,
         help="how long a leased URL stays claimed if its owner dies (default 120)",
     )
     c.add_argument(
         "--scope",
         choices=("host", "domain", "any"),
-        default="host",
+        default=S,
         help="which discovered links to follow (default: the seeds' hosts)",
     )
     c.add_argument(
         "--allow-private",
         action="append",
-        default=[],
+        default=S,
         metavar="ADDR_OR_CIDR",
         help="permit connections to this private/loopback address or network",
     )
     c.add_argument(
         "--max-pages",
         type=_positive_int,
-        default=None,
+        default=S,
         help="stop after leasing this many pages in this run",
     )
     c.add_argument(
         "--parse-workers",
         type=_positive_int,
-        default=None,
+        default=S,
         help=f"parser processes (default {default_parse_workers()}; 0 = in-process)",
     )
     c.add_argument(
         "--commit-batch",
         type=_positive_int,
-        default=64,
+        default=S,
         help="most completions per group commit (default 64)",
     )
     c.add_argument(
         "--commit-seconds",
         type=_seconds,
-        default=0.0,
+        default=S,
         help="how long a group commit may wait for more completions, <= 1 (default 0)",
     )
     c.add_argument(
         "--max-retries",
         type=_positive_int,
-        default=3,
+        default=S,
         help="retries for timeouts, connection errors and 5xx/429 (default 3)",
     )
-    c.add_argument("--user-agent", default="idemcrawl/" + __version__)
+    c.add_argument(
+        "--user-agent",
+        default=S,
+        help="User-Agent; its product token is matched "
+        "against robots.txt (default idemcrawl/VERSION)",
+    )
+    c.add_argument(
+        "--ignore-robots",
+        action="store_true",
+        default=S,
+        help="do not fetch or obey robots.txt (a crawl preference, not authorisation)",
+    )
+    c.add_argument(
+        "--robots-max-age",
+        type=_seconds,
+        default=S,
+        help="seconds a robots.txt copy is trusted (default 86400)",
+    )
+    c.add_argument(
+        "--robots-error-ttl",
+        type=_seconds,
+        default=S,
+        help="seconds before an unreachable robots.txt is retried (default 3600)",
+    )
+    c.add_argument(
+        "--robots-max-attempts",
+        type=_positive_int,
+        default=S,
+        help="unreachable robots.txt answers before a host is deferred (default 3)",
+    )
+    c.add_argument(
+        "--crawl-delay-cap",
+        type=_seconds,
+        default=S,
+        help="largest robots.txt Crawl-delay honoured; hosts asking more are deferred (default 30)",
+    )
     c.add_argument("--json", action="store_true", help="print the run summary as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -220,39 +274,50 @@ def _output(path: str) -> Iterator[TextIO]:
             yield fh
 
 
-def cmd_crawl(a: argparse.Namespace) -> int:
-    from .engine import run_crawl
-    from .url import normalise
-
-    for u in a.urls:
+def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
+    """Defaults, then the config file, then the flags actually given."""
+    settings: dict[str, Any] = {}
+    overrides: list[tuple[str, float | None, int | None]] = []
+    if a.config:
+        try:
+            file_settings, overrides = load_config_file(a.config)
+        except ConfigFileError as exc:
+            raise UsageError(str(exc)) from None
+        settings.update(file_settings)
+    given = {k: v for k, v in vars(a).items() if k in FILE_KEYS}
+    settings.update(given)
+    if a.urls:
+        settings["seeds"] = list(a.urls)
+    if "db" not in settings:
+        raise UsageError('--db is required (or db = "PATH" in the config file)')
+    seeds = [str(u) for u in settings.pop("seeds", [])]
+    for u in seeds:
         normalise(u)  # raises InvalidURL with the offending URL
-    if not a.urls and not os.path.exists(a.db):
-        raise UsageError(f"no seed URLs given and no crawl database at {a.db!r} to resume")
+    if not seeds and not os.path.exists(str(settings["db"])):
+        raise UsageError(
+            f"no seed URLs given and no crawl database at {settings['db']!r} to resume"
+        )
     try:
-        allow = parse_allow_list(a.allow_private)
+        allow = parse_allow_list([str(x) for x in settings.pop("allow_private", [])])
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if settings.get("parse_workers") is None:
+        settings["parse_workers"] = default_parse_workers()
+    settings.setdefault("user_agent", "idemcrawl/" + __version__)
     cfg = CrawlConfig(
-        db=a.db,
-        seeds=tuple(a.urls),
-        spider=a.spider,
-        concurrency=max(1, a.concurrency),
-        host_concurrency=a.host_concurrency,
-        delay=a.delay,
-        lease_seconds=a.lease_seconds,
-        scope=a.scope,
-        allow_private=allow,
-        max_pages=a.max_pages,
-        parse_workers=default_parse_workers() if a.parse_workers is None else a.parse_workers,
-        commit_batch=a.commit_batch,
-        commit_seconds=a.commit_seconds,
-        max_retries=a.max_retries,
-        user_agent=a.user_agent,
+        seeds=tuple(seeds), allow_private=allow, host_overrides=tuple(overrides), **settings
     )
     try:
         cfg.validate()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    return cfg
+
+
+def cmd_crawl(a: argparse.Namespace) -> int:
+    from .engine import run_crawl
+
+    cfg = crawl_config_from_args(a)
     progress = None if (a.quiet or a.json) else (lambda line: print(line, file=sys.stderr))
     summary = run_crawl(cfg, progress=progress, handle_signals=True)
     if a.json:

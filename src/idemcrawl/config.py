@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 
 from .fetch import IPNetwork
+from .frontier.base import HostPolicy
+from .robots import RobotsCache, RobotsSettings
 
 
 def default_parse_workers() -> int:
@@ -30,6 +32,25 @@ class CrawlConfig:
     allow_private: tuple[IPNetwork, ...] = ()
     #: Stop leasing after this many fetches in this run (None: crawl to the end).
     max_pages: int | None = None
+    #: Adaptive politeness: at least this multiple of a host's recent response time between
+    #: request starts (Mercator/Heritrix); 0 turns it off.
+    latency_factor: float = 2.0
+    #: Host back-off after errors (full jitter over base * 2**streak, capped) and the circuit
+    #: breaker that rests a host after that many consecutive errors.
+    backoff_base: float = 1.0
+    backoff_cap: float = 600.0
+    retry_after_cap: float = 3600.0
+    breaker_threshold: int = 8
+    breaker_seconds: float = 300.0
+    #: robots.txt (R7): obeyed unless ignore_robots; cached max_age, retried after error_ttl
+    #: when unreachable, up to robots_max_attempts times before the host is deferred.
+    ignore_robots: bool = False
+    robots_max_age: float = 86400.0
+    robots_error_ttl: float = 3600.0
+    robots_max_attempts: int = 3
+    crawl_delay_cap: float = 30.0
+    #: Per-host overrides: host_key (or bare host) -> {"delay": s, "concurrency": n}.
+    host_overrides: tuple[tuple[str, float | None, int | None], ...] = ()
     #: Parser processes; 0 parses in the main process (tests, tiny crawls).
     parse_workers: int = field(default_factory=default_parse_workers)
     #: Group commit bounds (R5): at most this many completions per transaction …
@@ -70,5 +91,147 @@ class CrawlConfig:
             problems.append("--commit-batch must be between 1 and 10000")
         if not 0 <= self.commit_seconds <= 1.0:
             problems.append("--commit-seconds must be between 0 and 1")
+        if self.latency_factor < 0:
+            problems.append("--latency-factor must be >= 0")
+        if self.robots_max_age <= 0 or self.robots_error_ttl <= 0:
+            problems.append("--robots-max-age and --robots-error-ttl must be > 0")
+        if self.robots_max_attempts < 1:
+            problems.append("--robots-max-attempts must be >= 1")
+        if self.crawl_delay_cap < 0:
+            problems.append("--crawl-delay-cap must be >= 0")
+        if self.breaker_threshold < 1:
+            problems.append("breaker_threshold must be >= 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def host_policy(self) -> HostPolicy:
+        robots_cache = None
+        if not self.ignore_robots:
+            robots_cache = RobotsCache(
+                RobotsSettings(
+                    user_agent=self.user_agent,
+                    max_age=self.robots_max_age,
+                    error_ttl=self.robots_error_ttl,
+                    crawl_delay_cap=self.crawl_delay_cap,
+                )
+            )
+        return HostPolicy(
+            max_in_flight=self.host_concurrency,
+            delay=self.delay,
+            latency_factor=self.latency_factor,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+            retry_after_cap=self.retry_after_cap,
+            breaker_threshold=self.breaker_threshold,
+            breaker_seconds=self.breaker_seconds,
+            robots=robots_cache,
+            robots_max_attempts=self.robots_max_attempts,
+        )
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be used; the message names the file, line and key."""
+
+
+#: Config-file keys (CLI flag names with ``_``) and the types they accept.
+FILE_KEYS: dict[str, tuple[type, ...]] = {
+    "db": (str,),
+    "seeds": (list,),
+    "spider": (str,),
+    "concurrency": (int,),
+    "host_concurrency": (int,),
+    "delay": (int, float),
+    "lease_seconds": (int, float),
+    "scope": (str,),
+    "allow_private": (list,),
+    "max_pages": (int,),
+    "parse_workers": (int,),
+    "commit_batch": (int,),
+    "commit_seconds": (int, float),
+    "max_retries": (int,),
+    "user_agent": (str,),
+    "latency_factor": (int, float),
+    "ignore_robots": (bool,),
+    "robots_max_age": (int, float),
+    "robots_error_ttl": (int, float),
+    "robots_max_attempts": (int,),
+    "crawl_delay_cap": (int, float),
+}
+HOST_KEYS: dict[str, tuple[type, ...]] = {"delay": (int, float), "concurrency": (int,)}
+
+
+def _line_of(text: str, key: str) -> int | None:
+    import re
+
+    m = re.search(rf'^\s*"?{re.escape(key)}"?\s*=', text, re.M)
+    if m is None:
+        m = re.search(rf"^\s*\[.*{re.escape(key)}.*\]", text, re.M)
+    return None if m is None else text.count("\n", 0, m.start()) + 1
+
+
+def load_config_file(
+    path: str,
+) -> tuple[dict[str, object], list[tuple[str, float | None, int | None]]]:
+    """Read a TOML crawl config: top-level crawl settings plus ``[hosts."HOST"]`` overrides.
+
+    Unknown keys and values of the wrong type are rejected, naming the file and line, because a
+    typo in a politeness setting silently falling back to a default is worse than no start.
+    """
+    import tomllib
+
+    from . import url as urls
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigFileError(f"cannot read config file {path}: {exc.strerror}") from None
+    text = raw.decode("utf-8", "replace")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(f"{path}: {exc}") from None
+
+    def where(key: str) -> str:
+        line = _line_of(text, key)
+        return f"{path}:{line}" if line else path
+
+    def check(key: str, value: object, types: tuple[type, ...]) -> None:
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            names = " or ".join(t.__name__ for t in types)
+            raise ConfigFileError(f"{where(key)}: {key} must be {names}, got {value!r}")
+
+    settings: dict[str, object] = {}
+    overrides: list[tuple[str, float | None, int | None]] = []
+    for key, value in data.items():
+        if key == "hosts":
+            if not isinstance(value, dict):
+                raise ConfigFileError(f"{where('hosts')}: [hosts] must be a table of hosts")
+            for host, table in value.items():
+                if not isinstance(table, dict):
+                    raise ConfigFileError(f"{where(host)}: hosts.{host} must be a table")
+                for k, v in table.items():
+                    if k not in HOST_KEYS:
+                        raise ConfigFileError(
+                            f"{where(k)}: unknown key {k!r} in [hosts.{host!r}] "
+                            f"(known: {', '.join(sorted(HOST_KEYS))})"
+                        )
+                    check(k, v, HOST_KEYS[k])
+                targets = [host] if "://" in host else [f"http://{host}", f"https://{host}"]
+                for t in targets:
+                    try:
+                        hk = urls.host_key(urls.normalise(t))
+                    except urls.InvalidURL as exc:
+                        raise ConfigFileError(f"{where(host)}: bad host {host!r}: {exc}") from None
+                    delay = table.get("delay")
+                    conc = table.get("concurrency")
+                    overrides.append(
+                        (hk, None if delay is None else float(delay), conc)  # type: ignore[arg-type]
+                    )
+            continue
+        if key not in FILE_KEYS:
+            raise ConfigFileError(f"{where(key)}: unknown key {key!r}")
+        check(key, value, FILE_KEYS[key])
+        settings[key] = value
+    return settings, overrides

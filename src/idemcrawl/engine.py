@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from aiohttp.abc import AbstractResolver
@@ -44,10 +45,11 @@ from . import url as urls
 from .config import CrawlConfig
 from .fetch import RETRYABLE_STATUS, Fetcher, FetchError, FetchSettings, retry_after_seconds
 from .frontier import Frontier, open_frontier
-from .frontier.base import Completion, Failure, HostPolicy, Lease, NewURL
+from .frontier.base import ROBOTS, Completion, Failure, Lease, NewURL, RobotsFetch
 from .parse import ParseJob, Parser, ParseResult, init_worker, load_spider, parse_in_worker, warm_up
 
 T = TypeVar("T")
+MAX_ROBOTS_REDIRECTS = 5
 Outcome = Completion | Failure
 
 
@@ -78,7 +80,7 @@ class Engine:
     ) -> None:
         config.validate()
         self.cfg = config
-        self.policy = HostPolicy(config.host_concurrency, config.delay)
+        self.policy = config.host_policy()
         self.summary = CrawlSummary()
         self._resolver = resolver
         self._progress = progress
@@ -171,6 +173,13 @@ class Engine:
         await self._db(
             owners.reclaim_dead_local_owners, self.cfg.db, holders, self._owner, f.release_owner
         )
+        requeued = await self._db(f.requeue_deferred)
+        if requeued and self._progress:
+            self._progress(f"requeued {requeued} deferred URLs")
+        for host, delay, concurrency in self.cfg.host_overrides:
+            await self._db(
+                partial(f.set_host_overrides, host, delay=delay, max_in_flight=concurrency)
+            )
         seeds: list[NewURL] = []
         for raw in self.cfg.seeds:
             u = urls.normalise(raw)
@@ -279,6 +288,8 @@ class Engine:
     async def _process(self, lease: Lease) -> Outcome | None:
         if time.time() >= lease.expires_at - 1.0:
             return None  # someone else may hold it by now; fetching would break the host limits
+        if lease.kind == ROBOTS:
+            return await self._fetch_robots(lease)
         try:
             res = await self._fetcher.fetch(lease.url)
         except FetchError as exc:
@@ -290,7 +301,7 @@ class Engine:
         if res.status in RETRYABLE_STATUS:
             self._count_error(f"http_{res.status}")
             ra = retry_after_seconds(
-                res.headers.get("retry-after"), time.time(), self.cfg.retry_cap
+                res.headers.get("retry-after"), time.time(), self.cfg.retry_after_cap
             )
             return self._retry(lease, f"HTTP {res.status}", res.status, ra)
         job = ParseJob(lease.url, res.status, res.headers, res.body, lease.depth)
@@ -308,16 +319,67 @@ class Engine:
             hashlib.blake2b(res.body, digest_size=16).hexdigest(),
             len(res.body),
             "truncated at max bytes" if res.truncated else None,
+            latency=res.elapsed,
+        )
+
+    async def _fetch_robots(self, lease: Lease) -> Completion:
+        """Fetch robots.txt, following up to 5 redirects (RFC 9309 2.3.1.2), each SSRF-checked."""
+        url = lease.url
+        t0 = time.monotonic()
+        outcome = RobotsFetch(None, error="not fetched")
+        for hop in range(MAX_ROBOTS_REDIRECTS + 1):
+            try:
+                res = await self._fetcher.fetch(url)
+            except FetchError as exc:
+                self._count_error(exc.kind)
+                outcome = RobotsFetch(None, error=str(exc), permanent=exc.kind == "blocked")
+                break
+            self.summary.fetched += 1
+            location = res.headers.get("location")
+            if 300 <= res.status < 400 and location:
+                if hop == MAX_ROBOTS_REDIRECTS:
+                    outcome = RobotsFetch(res.status, too_many_redirects=True)
+                    break
+                try:
+                    url = urls.normalise(location, url)
+                except urls.InvalidURL as exc:
+                    outcome = RobotsFetch(None, error=f"bad redirect: {exc}")
+                    break
+                continue
+            error = f"HTTP {res.status}" if res.status >= 500 or res.status == 429 else None
+            outcome = RobotsFetch(res.status, res.body, error)
+            break
+        return Completion(
+            lease,
+            outcome.status or 0,
+            time.time(),
+            latency=time.monotonic() - t0,
+            robots=outcome,
         )
 
     def _retry(self, lease: Lease, error: str, status: int | None, after: float | None) -> Failure:
+        """A transient error: the host backs off (frontier, R8) and the URL retries, capped."""
         if lease.attempts >= self.cfg.max_retries:
-            return Failure(lease, f"{error} (after {lease.attempts + 1} attempts)", None, status)
-        if after is None:  # exponential back-off with full jitter
-            after = self._rng.uniform(
-                0, min(self.cfg.retry_cap, self.cfg.retry_base * 2**lease.attempts)
+            return Failure(
+                lease,
+                f"{error} (after {lease.attempts + 1} attempts)",
+                None,
+                status,
+                host_error=True,
+                retry_after=after,
             )
-        return Failure(lease, error, time.time() + after, status)
+        # The URL's own retry: exponential back-off with full jitter; never before Retry-After.
+        wait = self._rng.uniform(
+            0, min(self.cfg.retry_cap, self.cfg.retry_base * 2**lease.attempts)
+        )
+        return Failure(
+            lease,
+            error,
+            time.time() + max(wait, after or 0.0),
+            status,
+            host_error=True,
+            retry_after=after,
+        )
 
     def _count_error(self, kind: str) -> None:
         self.summary.errors[kind] = self.summary.errors.get(kind, 0) + 1

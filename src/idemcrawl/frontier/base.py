@@ -45,7 +45,10 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..robots import RobotsCache
 
 #: URL states. Terminal ones never return to the queue by themselves.
 QUEUED = "queued"
@@ -54,8 +57,15 @@ DONE = "done"
 FAILED = "failed"
 OUT_OF_SCOPE = "out_of_scope"
 DISALLOWED = "disallowed"
-STATES = (QUEUED, LEASED, DONE, FAILED, OUT_OF_SCOPE, DISALLOWED)
-TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED)
+#: Set aside for this run for a host-level reason (Crawl-delay above the cap, robots.txt still
+#: unreachable after its retries); the next ``crawl`` run requeues them.
+DEFERRED = "deferred"
+STATES = (QUEUED, LEASED, DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
+TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
+
+#: URL kinds: ordinary pages, and each host's robots.txt (fetched before any page, R7).
+PAGE = "page"
+ROBOTS = "robots"
 
 
 class FrontierError(RuntimeError):
@@ -90,10 +100,28 @@ class NewURL:
 
 @dataclass(frozen=True, slots=True)
 class HostPolicy:
-    """Global politeness defaults; a host's own row overrides them where set (R6)."""
+    """Global politeness settings; a host's own row overrides delay and concurrency (R6-R8).
+
+    The formulas that use these live in ``idemcrawl.politeness``.
+    """
 
     max_in_flight: int = 1
     delay: float = 1.0
+    #: Adaptive delay: at least this multiple of the host's recent response time (0 = off).
+    latency_factor: float = 0.0
+    max_adaptive_delay: float = 60.0
+    #: Host back-off after an error: full jitter over base * 2**streak, capped.
+    backoff_base: float = 1.0
+    backoff_cap: float = 600.0
+    retry_after_cap: float = 3600.0
+    #: After this many consecutive errors the host's circuit opens for ``breaker_seconds``.
+    breaker_threshold: int = 8
+    breaker_seconds: float = 300.0
+    #: robots.txt enforcement; None crawls without it (contract tests, --ignore-robots).
+    robots: RobotsCache | None = None
+    #: Consecutive unreachable robots.txt answers (each after its error TTL) before the host's
+    #: pages are deferred for this run.
+    robots_max_attempts: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +135,8 @@ class Lease:
     expires_at: float
     depth: int
     attempts: int
+    kind: str = PAGE
+    due_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +167,22 @@ class Completion:
     content_hash: str | None = None
     body_bytes: int = 0
     error: str | None = None
+    #: Response time of the fetch, for the host's adaptive delay.
+    latency: float | None = None
+    #: For a robots.txt lease: the raw outcome, turned into host state in the same transaction.
+    robots: RobotsFetch | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RobotsFetch:
+    """What fetching robots.txt gave (after following redirects); None status = network error."""
+
+    status: int | None
+    body: bytes | None = None
+    error: str | None = None
+    too_many_redirects: bool = False
+    #: Retrying cannot help (the SSRF guard refused the address): defer the host right away.
+    permanent: bool = False
 
 
 @dataclass(slots=True)
@@ -147,6 +193,10 @@ class Failure:
     error: str
     retry_at: float | None
     status: int | None = None
+    #: The host misbehaved (timeout, connection error, 5xx, 429): back it off (R8).
+    host_error: bool = False
+    #: Retry-After in seconds, when the server sent one.
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +254,24 @@ class Frontier(Protocol):
         ...
 
     def progress(self, now: float) -> Progress: ...
+
+    def requeue_deferred(self) -> int:
+        """Give deferred URLs another chance (called when a crawl run starts)."""
+        ...
+
+    def set_host_overrides(
+        self, host_key: str, *, delay: float | None, max_in_flight: int | None
+    ) -> None:
+        """Per-host politeness settings that take precedence over the global policy."""
+        ...
+
+    def hosts_report(self, now: float) -> list[dict[str, Any]]:
+        """Per-host token, back-off and robots state (for status and metrics)."""
+        ...
+
+    def lease_audit(self) -> dict[str, Any]:
+        """Politeness violations recomputed from the lease log, and eligibility delays."""
+        ...
 
     def stats(self) -> FrontierStats: ...
 

@@ -15,17 +15,32 @@ Why these settings:
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
+from .. import robots
+from ..politeness import (
+    MAX_STREAK_SHIFT,
+    allowance,
+    backoff_seconds,
+    effective_delay,
+    update_latency,
+)
+from ..robots import RobotsState, needs_fetch, state_from_row, state_to_row
+from ..robots import outcome as robots_outcome
 from .base import (
     FAILED,
+    LEASED,
+    PAGE,
     QUEUED,
+    ROBOTS,
     STATES,
     Completion,
     Failure,
@@ -37,7 +52,7 @@ from .base import (
     Progress,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # The schema covers the whole SPEC; later features fill in columns that are already here.
 MIGRATIONS: list[str] = [
@@ -157,9 +172,58 @@ CREATE TABLE partitions (
     expires_at REAL    NOT NULL DEFAULT 0
 );
 """,
+    # 2: robots.txt as a URL kind, host back-off reasons, the politeness audit log (issue 3).
+    """
+ALTER TABLE urls ADD COLUMN kind TEXT NOT NULL DEFAULT 'page';
+ALTER TABLE hosts ADD COLUMN robots_meta TEXT;
+ALTER TABLE hosts ADD COLUMN robots_failures INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN backoff_reason TEXT;
+-- One row per granted lease: what the grant saw and promised, so politeness can be re-checked
+-- from stored facts (status, metrics) and eligibility delay measured.
+CREATE TABLE lease_log (
+    id               INTEGER PRIMARY KEY,
+    host_key         TEXT    NOT NULL,
+    url_id           INTEGER NOT NULL,
+    kind             TEXT    NOT NULL,
+    granted_at       REAL    NOT NULL,
+    eligible_at      REAL    NOT NULL,
+    min_gap          REAL    NOT NULL,
+    allowance        INTEGER NOT NULL,
+    in_flight_before INTEGER NOT NULL
+);
+CREATE INDEX lease_log_host ON lease_log(host_key, granted_at);
+""",
 ]
 
 _BUSY_TIMEOUT_MS = 60_000
+
+
+class _HostRow(NamedTuple):
+    host_key: str
+    in_flight: int
+    max_in_flight: int | None
+    delay: float | None
+    error_streak: int
+    latency_ewma: float | None
+    robots_state: str | None
+    robots_body: bytes | None
+    robots_fetched_at: float | None
+    robots_expires_at: float | None
+    crawl_delay: float | None
+    robots_meta: str | None
+    robots_failures: int
+
+
+_HOST_COLS = ", ".join(_HostRow._fields)
+
+
+def _defer_reason(state: RobotsState, failures: int, policy: HostPolicy) -> str | None:
+    """Why a host's pages cannot be crawled in this run at all, if they cannot."""
+    if state.deferred_reason:
+        return state.deferred_reason
+    if state.mode == robots.DISALLOW_ALL and failures >= policy.robots_max_attempts:
+        return f"robots.txt unreachable after {failures} attempts: {state.last_error}"
+    return None
 
 
 class SQLiteFrontier:
@@ -255,48 +319,194 @@ class SQLiteFrontier:
         with self._tx() as db:
             self._expire(db, now)
             hosts = db.execute(
-                "SELECT host_key, in_flight, COALESCE(max_in_flight, ?), COALESCE(delay, ?) "
-                "FROM hosts WHERE queued > 0 AND next_allowed_at <= ? AND backoff_until <= ? "
-                "AND paused = 0 AND in_flight < COALESCE(max_in_flight, ?) "
+                f"SELECT {_HOST_COLS} FROM hosts WHERE queued > 0 AND next_allowed_at <= ? "
+                "AND backoff_until <= ? AND paused = 0 "
+                "AND in_flight < MAX(1, COALESCE(max_in_flight, ?) >> MIN(error_streak, ?)) "
                 "ORDER BY next_allowed_at LIMIT ?",
-                (policy.max_in_flight, policy.delay, now, now, policy.max_in_flight, limit),
+                (now, now, policy.max_in_flight, MAX_STREAK_SHIFT, limit * 2 + 8),
             ).fetchall()
             leases: list[Lease] = []
             expires = now + lease_seconds
-            for host_key, in_flight, max_in_flight, delay in hosts:
+            for row in hosts:
                 room = limit - len(leases)
                 if room <= 0:
                     break
-                # With a delay, one start per grant: a second grant now would break the spacing.
-                take = min(room, max_in_flight - in_flight, 1 if delay > 0 else room)
-                rows = db.execute(
-                    "SELECT url_id, url, version, depth, attempts FROM urls "
-                    "WHERE host_key = ? AND state = 'queued' AND due_at <= ? "
-                    "ORDER BY priority DESC, due_at LIMIT ?",
-                    (host_key, now, take),
-                ).fetchall()
-                if not rows:
-                    continue
-                grants = []
-                for url_id, url, version, depth, attempts in rows:
-                    token = self._rng.getrandbits(62) or 1
-                    grants.append((owner, token, expires, now, url_id))
-                    leases.append(
-                        Lease(
-                            url_id, url, host_key, version, token, owner, expires, depth, attempts
-                        )
-                    )
-                db.executemany(
-                    "UPDATE urls SET state = 'leased', lease_owner = ?, lease_token = ?, "
-                    "lease_expires_at = ?, leased_at = ? WHERE url_id = ?",
-                    grants,
-                )
-                db.execute(
-                    "UPDATE hosts SET next_allowed_at = ? WHERE host_key = ?",
-                    (now + delay, host_key),
-                )
+                h = _HostRow(*row)
+                leases.extend(self._lease_host(db, h, owner, room, now, expires, policy))
             self._bump(db, "leases_granted", len(leases))
             return leases
+
+    def _lease_host(
+        self,
+        db: sqlite3.Connection,
+        h: _HostRow,
+        owner: str,
+        room: int,
+        now: float,
+        expires: float,
+        policy: HostPolicy,
+    ) -> list[Lease]:
+        """Level 2 for one ready host: its robots.txt first, then its best allowed URLs."""
+        configured = h.delay if h.delay is not None else policy.delay
+        max_in_flight = h.max_in_flight if h.max_in_flight is not None else policy.max_in_flight
+        state: RobotsState | None = None
+        cap = math.inf
+        if policy.robots is not None:
+            cap = policy.robots.settings.crawl_delay_cap
+            state = state_from_row(h._asdict())
+            if needs_fetch(state, now):
+                return self._lease_robots(db, h, owner, now, expires, configured, policy)
+            assert state is not None
+            reason = _defer_reason(state, h.robots_failures, policy)
+            if reason is not None:
+                self._defer_host(db, h.host_key, reason)
+                return []
+            if state.mode == robots.DISALLOW_ALL:
+                return []  # unreachable robots.txt: wait for its retry (host backs off until)
+        delay = effective_delay(
+            configured, state.crawl_delay if state else h.crawl_delay, cap, h.latency_ewma, policy
+        )
+        allow = allowance(max_in_flight, h.error_streak)
+        # With a delay, one start per grant: a second grant now would break the spacing.
+        take = min(room, allow - h.in_flight, 1 if delay > 0 else room)
+        if take <= 0:
+            return []
+        picked: list[tuple[int, str, int, int, int, float]] = []
+        while len(picked) < take:
+            want = take - len(picked)
+            rows = db.execute(
+                "SELECT url_id, url, version, depth, attempts, due_at FROM urls "
+                "WHERE host_key = ? AND state = 'queued' AND due_at <= ? AND kind = 'page' "
+                "ORDER BY priority DESC, due_at LIMIT ?",
+                (h.host_key, now, want + (16 if state is not None else 0)),
+            ).fetchall()
+            if not rows:
+                break
+            refused = []
+            for r in rows:
+                if (
+                    state is None
+                    or policy.robots is None
+                    or policy.robots.allowed(h.host_key, state, r[1])
+                ):
+                    if len(picked) < take:
+                        picked.append(r)
+                else:
+                    refused.append((f"robots.txt disallows {policy.robots.token}", r[0]))
+            if refused:
+                db.executemany(
+                    "UPDATE urls SET state = 'disallowed', reason = ? WHERE url_id = ?", refused
+                )
+                self._bump(db, "robots_disallowed", len(refused))
+            elif len(rows) <= want:
+                break
+        return self._grant(db, h, picked, PAGE, owner, now, expires, delay, allow)
+
+    def _lease_robots(
+        self,
+        db: sqlite3.Connection,
+        h: _HostRow,
+        owner: str,
+        now: float,
+        expires: float,
+        delay: float,
+        policy: HostPolicy,
+    ) -> list[Lease]:
+        """Queue (or requeue, as a new version) the host's robots.txt and lease it."""
+        allow = allowance(
+            h.max_in_flight if h.max_in_flight is not None else policy.max_in_flight,
+            h.error_streak,
+        )
+        if h.in_flight >= allow:
+            return []
+        url = robots.robots_url(h.host_key)
+        row = db.execute("SELECT url_id, state FROM urls WHERE url = ?", (url,)).fetchone()
+        if row is None:
+            db.execute(
+                "INSERT INTO urls(url, host_key, kind, state, due_at, discovered_at) "
+                "VALUES (?, ?, 'robots', 'queued', ?, ?)",
+                (url, h.host_key, now, now),
+            )
+        elif row[1] == LEASED:
+            return []  # already being fetched
+        elif row[1] != QUEUED:
+            db.execute(
+                "UPDATE urls SET state = 'queued', kind = 'robots', version = version + 1, "
+                "due_at = ?, reason = NULL WHERE url_id = ?",
+                (now, row[0]),
+            )
+        else:
+            db.execute("UPDATE urls SET kind = 'robots' WHERE url_id = ?", (row[0],))
+        r = db.execute(
+            "SELECT url_id, url, version, depth, attempts, due_at FROM urls WHERE url = ?", (url,)
+        ).fetchone()
+        return self._grant(db, h, [r], ROBOTS, owner, now, expires, delay, allow)
+
+    def _grant(
+        self,
+        db: sqlite3.Connection,
+        h: _HostRow,
+        rows: Sequence[tuple[int, str, int, int, int, float]],
+        kind: str,
+        owner: str,
+        now: float,
+        expires: float,
+        delay: float,
+        allow: int,
+    ) -> list[Lease]:
+        if not rows:
+            return []
+        leases = []
+        grants = []
+        audit = []
+        for i, (url_id, url, version, depth, attempts, due_at) in enumerate(rows):
+            token = self._rng.getrandbits(62) or 1
+            grants.append((owner, token, expires, now, url_id))
+            audit.append((h.host_key, url_id, kind, now, due_at, delay, allow, h.in_flight + i))
+            leases.append(
+                Lease(
+                    url_id,
+                    url,
+                    h.host_key,
+                    version,
+                    token,
+                    owner,
+                    expires,
+                    depth,
+                    attempts,
+                    kind,
+                    due_at,
+                )
+            )
+        db.executemany(
+            "UPDATE urls SET state = 'leased', lease_owner = ?, lease_token = ?, "
+            "lease_expires_at = ?, leased_at = ? WHERE url_id = ?",
+            grants,
+        )
+        db.executemany(
+            "INSERT INTO lease_log(host_key, url_id, kind, granted_at, eligible_at, min_gap, "
+            "allowance, in_flight_before) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            audit,
+        )
+        db.execute(
+            "UPDATE hosts SET next_allowed_at = ? WHERE host_key = ?", (now + delay, h.host_key)
+        )
+        return leases
+
+    def _defer_host(self, db: sqlite3.Connection, host_key: str, reason: str) -> None:
+        n = db.execute(
+            "UPDATE urls SET state = 'deferred', reason = ? "
+            "WHERE host_key = ? AND state = 'queued' AND kind = 'page'",
+            (reason, host_key),
+        ).rowcount
+        self._bump(db, "urls_deferred", n)
+
+    def requeue_deferred(self) -> int:
+        with self._tx() as db:
+            db.execute("UPDATE hosts SET robots_failures = 0 WHERE robots_failures > 0")
+            return db.execute(
+                "UPDATE urls SET state = 'queued', reason = NULL WHERE state = 'deferred'"
+            ).rowcount
 
     def complete(
         self, completions: Sequence[Completion], now: float, policy: HostPolicy
@@ -328,7 +538,10 @@ class SQLiteFrontier:
                     accepted.append(False)
                     continue
                 accepted.append(True)
-                self._after_request(db, ls.host_key, now, policy)
+                self._host_success(db, ls.host_key, c.latency, now, policy)
+                if ls.kind == ROBOTS:
+                    self._store_robots(db, ls.host_key, c, now, policy)
+                    continue
                 if c.records:
                     db.executemany(
                         "INSERT INTO records(record_id, source, key, url, data, content_hash, "
@@ -381,6 +594,58 @@ class SQLiteFrontier:
             self._bump(db, "links_new", links_new)
         return accepted
 
+    def _store_robots(
+        self, db: sqlite3.Connection, host_key: str, c: Completion, now: float, policy: HostPolicy
+    ) -> None:
+        """Turn a robots.txt fetch into host state, keeping the last good copy (R7)."""
+        if policy.robots is None or c.robots is None:
+            return
+        cur = db.execute(f"SELECT {_HOST_COLS} FROM hosts WHERE host_key = ?", (host_key,))
+        h = _HostRow(*cur.fetchone())
+        previous = state_from_row(h._asdict())
+        rf = c.robots
+        state = robots_outcome(
+            rf.status,
+            rf.body,
+            now,
+            policy.robots.settings,
+            previous,
+            error=rf.error,
+            too_many_redirects=rf.too_many_redirects,
+        )
+        unreachable = state.last_error is not None and not (
+            rf.status is not None and 200 <= rf.status < 500 and rf.status != 429
+        )
+        failures = h.robots_failures + 1 if unreachable else 0
+        if rf.permanent:
+            failures = max(failures, policy.robots_max_attempts)
+        cols = state_to_row(state)
+        db.execute(
+            "UPDATE hosts SET robots_state = ?, robots_body = ?, robots_fetched_at = ?, "
+            "robots_expires_at = ?, crawl_delay = ?, robots_meta = ?, robots_failures = ? "
+            "WHERE host_key = ?",
+            (
+                cols["robots_state"],
+                cols["robots_body"],
+                cols["robots_fetched_at"],
+                cols["robots_expires_at"],
+                cols["crawl_delay"],
+                cols["robots_meta"],
+                failures,
+                host_key,
+            ),
+        )
+        self._bump(db, "robots_fetches", 1)
+        reason = _defer_reason(state, failures, policy)
+        if reason is not None:
+            self._defer_host(db, host_key, reason)
+        elif state.mode == robots.DISALLOW_ALL:
+            db.execute(
+                "UPDATE hosts SET backoff_until = MAX(backoff_until, ?), backoff_reason = ? "
+                "WHERE host_key = ?",
+                (state.expires_at, f"robots.txt unreachable: {state.last_error}", host_key),
+            )
+
     def fail(self, failures: Sequence[Failure], now: float, policy: HostPolicy) -> list[bool]:
         accepted: list[bool] = []
         if not failures:
@@ -388,7 +653,12 @@ class SQLiteFrontier:
         with self._tx() as db:
             for f in failures:
                 ls = f.lease
-                final = f.retry_at is None
+                retry_at = f.retry_at
+                if f.host_error:
+                    rest = self._host_error(db, ls.host_key, f.retry_after, now, policy)
+                    if retry_at is not None:
+                        retry_at = max(retry_at, now + rest)
+                final = retry_at is None
                 cur = db.execute(
                     "UPDATE urls SET state = ?, due_at = ?, attempts = attempts + 1, "
                     "last_error = ?, reason = ?, status_code = COALESCE(?, status_code), "
@@ -396,7 +666,7 @@ class SQLiteFrontier:
                     "WHERE url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?",
                     (
                         FAILED if final else QUEUED,
-                        now if final else f.retry_at,
+                        now if final else retry_at,
                         f.error,
                         f.error if final else None,
                         f.status,
@@ -415,13 +685,63 @@ class SQLiteFrontier:
             self._bump(db, "completions_rejected", len(accepted) - n_ok)
         return accepted
 
+    def _host_error(
+        self,
+        db: sqlite3.Connection,
+        host_key: str,
+        retry_after: float | None,
+        now: float,
+        policy: HostPolicy,
+    ) -> float:
+        """Count an error against the host and back it off (R8); returns the rest in seconds."""
+        (streak,) = db.execute(
+            "SELECT error_streak FROM hosts WHERE host_key = ?", (host_key,)
+        ).fetchone()
+        streak += 1
+        rest, reason = backoff_seconds(streak, retry_after, policy, self._rng)
+        db.execute(
+            "UPDATE hosts SET error_streak = ?, backoff_until = MAX(backoff_until, ?), "
+            "backoff_reason = ? WHERE host_key = ?",
+            (streak, now + rest, reason, host_key),
+        )
+        if streak == policy.breaker_threshold:
+            self._bump(db, "breaker_trips", 1)
+        self._bump(db, "host_backoffs", 1)
+        return rest
+
+    def _host_success(
+        self,
+        db: sqlite3.Connection,
+        host_key: str,
+        latency: float | None,
+        now: float,
+        policy: HostPolicy,
+    ) -> None:
+        if latency is not None:
+            (prev,) = db.execute(
+                "SELECT latency_ewma FROM hosts WHERE host_key = ?", (host_key,)
+            ).fetchone()
+            db.execute(
+                "UPDATE hosts SET latency_ewma = ? WHERE host_key = ?",
+                (update_latency(prev, latency), host_key),
+            )
+        db.execute(
+            "UPDATE hosts SET error_streak = MAX(0, error_streak - 1), "
+            "backoff_reason = CASE WHEN error_streak <= 1 THEN NULL ELSE backoff_reason END "
+            "WHERE host_key = ?",
+            (host_key,),
+        )
+        self._after_request(db, host_key, now, policy)
+
     @staticmethod
     def _after_request(db: sqlite3.Connection, host_key: str, now: float, p: HostPolicy) -> None:
-        # I8: the delay also separates the end of one response from the next start.
+        # I8: the delay (configured, or robots Crawl-delay within the cap) also separates the end
+        # of one response from the next start.
+        cap = p.robots.settings.crawl_delay_cap if p.robots is not None else -1.0
         db.execute(
-            "UPDATE hosts SET next_allowed_at = MAX(next_allowed_at, ? + COALESCE(delay, ?)) "
-            "WHERE host_key = ?",
-            (now, p.delay, host_key),
+            "UPDATE hosts SET next_allowed_at = MAX(next_allowed_at, ? + MAX(COALESCE(delay, ?), "
+            "CASE WHEN crawl_delay <= ? THEN crawl_delay ELSE 0 END)) WHERE host_key = ?",
+            (now, p.delay, cap, host_key),
         )
 
     def expire(self, now: float) -> int:
@@ -475,6 +795,70 @@ class SQLiteFrontier:
                 else None
             )
         return Progress(queued, leased, next_due, next_exp, host_ready)
+
+    def set_host_overrides(
+        self, host_key: str, *, delay: float | None, max_in_flight: int | None
+    ) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO hosts(host_key) VALUES (?)", (host_key,))
+            db.execute(
+                "UPDATE hosts SET delay = ?, max_in_flight = ? WHERE host_key = ?",
+                (delay, max_in_flight, host_key),
+            )
+
+    def hosts_report(self, now: float) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT host_key, queued, in_flight, max_in_flight, delay, next_allowed_at, "
+                "backoff_until, backoff_reason, error_streak, latency_ewma, paused, robots_state, "
+                "robots_fetched_at, robots_expires_at, crawl_delay, robots_meta, robots_failures "
+                "FROM hosts ORDER BY host_key"
+            )
+            cols = [d[0] for d in cur.description]
+            rows = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+        out = []
+        for r in rows:
+            meta = json.loads(r.pop("robots_meta") or "{}")
+            fetched = r.pop("robots_fetched_at")
+            r["robots_age_s"] = None if fetched is None else round(now - fetched, 3)
+            r["robots_last_error"] = meta.get("last_error")
+            r["deferred_reason"] = meta.get("deferred_reason")
+            r["in_backoff"] = r["backoff_until"] > now
+            out.append(r)
+        return out
+
+    def lease_audit(self) -> dict[str, Any]:
+        """Recheck every grant in the lease log against the allowance it was granted under."""
+        with self._lock:
+            gap_or_slot = self._db.execute(
+                "SELECT host_key, count(*) FROM (SELECT host_key, granted_at, allowance, "
+                "in_flight_before, LAG(granted_at) OVER w AS prev_at, "
+                "LAG(min_gap) OVER w AS prev_gap FROM lease_log "
+                "WINDOW w AS (PARTITION BY host_key ORDER BY granted_at, id)) "
+                "WHERE in_flight_before >= allowance OR granted_at < prev_at + prev_gap - 1e-6 "
+                "GROUP BY host_key"
+            ).fetchall()
+            delays = [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT MAX(0, granted_at - eligible_at) FROM lease_log "
+                    "ORDER BY id DESC LIMIT 100000"
+                )
+            ]
+            grants = self._db.execute("SELECT count(*) FROM lease_log").fetchone()[0]
+        delays.sort()
+
+        def pct(p: float) -> float | None:
+            if not delays:
+                return None
+            return round(delays[min(len(delays) - 1, int(p * len(delays)))], 4)
+
+        return {
+            "grants": grants,
+            "violations": sum(n for _, n in gap_or_slot),
+            "violations_by_host": dict(gap_or_slot),
+            "eligibility_delay_s": {"p50": pct(0.5), "p99": pct(0.99), "max": pct(1.0)},
+        }
 
     def stats(self) -> FrontierStats:
         with self._lock:
