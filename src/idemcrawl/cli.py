@@ -187,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=S,
         help="largest robots.txt Crawl-delay honoured; hosts asking more are deferred (default 30)",
     )
+    c.add_argument(
+        "--retry-deferred",
+        action="store_true",
+        default=S,
+        help="requeue URLs an earlier run deferred (Crawl-delay above the cap, "
+        "robots.txt unreachable)",
+    )
     c.add_argument("--json", action="store_true", help="print the run summary as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -206,12 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser(
         "testsite",
-        help="serve the built-in test shop",
-        description="Serve the article's shop: listing pages linking products. "
-        "Request counts per path are served at /__stats.",
+        help="serve a built-in test site",
+        description="Serve a built-in test site on loopback. 'shop' is the article's shop "
+        "(listing pages linking products; request counts at /__stats). 'politeness' serves four "
+        "hosts, one port each: a and b with robots rules (a also answers 429/503/500 on some "
+        "pages), c with robots Crawl-delay 1, d whose robots.txt answers 500; the request log "
+        "(host, path, start, end) of all of them is at /__log.",
     )
+    t.add_argument("--site", choices=("shop", "politeness"), default="shop")
     t.add_argument("--host", default="127.0.0.1")
-    t.add_argument("--port", type=_positive_int, default=8000)
+    t.add_argument("--port", type=_positive_int, default=8000, help="shop port (default 8000)")
     t.add_argument("--listings", type=_positive_int, default=25)
     t.add_argument("--per-page", type=_positive_int, default=20)
     t.add_argument("--latency-ms", type=_seconds, default=0.0)
@@ -359,9 +370,13 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 def status_dict(db: str) -> dict[str, Any]:
+    import time
+
     f = _open_existing(db)
     try:
         s = f.stats()
+        hosts = f.hosts_report(time.time())
+        audit = f.lease_audit()
     finally:
         f.close()
     fetches = s.counters.get("fetches", 0)
@@ -378,6 +393,14 @@ def status_dict(db: str) -> dict[str, Any]:
         "lease_expiries": s.counters.get("lease_expiries", 0),
         "leases_reclaimed": s.counters.get("leases_reclaimed", 0),
         "completions_rejected": s.counters.get("completions_rejected", 0),
+        "robots_fetches": s.counters.get("robots_fetches", 0),
+        "robots_disallowed": s.counters.get("robots_disallowed", 0),
+        "urls_deferred": s.counters.get("urls_deferred", 0),
+        "host_backoffs": s.counters.get("host_backoffs", 0),
+        "breaker_trips": s.counters.get("breaker_trips", 0),
+        "politeness": audit,
+        "hosts_in_backoff": sum(1 for h in hosts if h["in_backoff"]),
+        "host_states": hosts,
         "group_commit": {
             "max_completions": int(s.meta.get("group_commit_max", "0") or 0),
             "linger_seconds": float(s.meta.get("group_commit_linger_s", "0") or 0),
@@ -407,6 +430,31 @@ def cmd_status(a: argparse.Namespace) -> int:
         f"leases           {d['lease_expiries']} expired, {d['leases_reclaimed']} reclaimed "
         f"from dead processes, {d['completions_rejected']} stale completions rejected"
     )
+    pol = d["politeness"]
+    ed = pol["eligibility_delay_s"]
+    print(
+        f"politeness       {pol['violations']} violations in {pol['grants']} grants (lease log); "
+        f"eligibility delay p50 {ed['p50']} s, p99 {ed['p99']} s; "
+        f"{d['hosts_in_backoff']} hosts backing off, {d['breaker_trips']} breaker trips"
+    )
+    print(
+        f"robots.txt       {d['robots_fetches']} fetches, {d['robots_disallowed']} URLs "
+        f"disallowed, {d['urls_deferred']} URLs deferred"
+    )
+    for h in d["host_states"][:20]:
+        notes = [f"robots {h['robots_state'] or 'unknown'}"]
+        if h["robots_age_s"] is not None:
+            notes.append(f"age {h['robots_age_s']:.0f} s")
+        if h["in_backoff"]:
+            notes.append(f"backing off: {h['backoff_reason']}")
+        if h["deferred_reason"]:
+            notes.append(f"deferred: {h['deferred_reason']}")
+        print(
+            f"  {h['host_key']:<40} queued {h['queued']:<6} in flight {h['in_flight']:<3} "
+            + ", ".join(notes)
+        )
+    if len(d["host_states"]) > 20:
+        print(f"  … {len(d['host_states']) - 20} more hosts (status --json lists all)")
     gc = d["group_commit"]
     print(
         f"group commit     <= {gc['max_completions']} completions per transaction, lingering "
@@ -417,6 +465,11 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_testsite(a: argparse.Namespace) -> int:
+    if a.site == "politeness":
+        from .testsite.multihost import default_hosts, serve_multihost
+
+        serve_multihost(default_hosts(), a.host)
+        return 0
     from .testsite import ShopConfig, serve_forever
 
     serve_forever(a.host, a.port, ShopConfig(a.listings, a.per_page, a.latency_ms))

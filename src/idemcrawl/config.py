@@ -49,6 +49,9 @@ class CrawlConfig:
     robots_error_ttl: float = 3600.0
     robots_max_attempts: int = 3
     crawl_delay_cap: float = 30.0
+    #: Requeue URLs deferred by an earlier run (after raising the cap, fixing robots.txt…).
+    #: Off by default so that a restart after a kill changes nothing.
+    retry_deferred: bool = False
     #: Per-host overrides: host_key (or bare host) -> {"delay": s, "concurrency": n}.
     host_overrides: tuple[tuple[str, float | None, int | None], ...] = ()
     #: Parser processes; 0 parses in the main process (tests, tiny crawls).
@@ -156,6 +159,7 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "robots_error_ttl": (int, float),
     "robots_max_attempts": (int,),
     "crawl_delay_cap": (int, float),
+    "retry_deferred": (bool,),
 }
 HOST_KEYS: dict[str, tuple[type, ...]] = {"delay": (int, float), "concurrency": (int,)}
 

@@ -93,6 +93,7 @@ class Engine:
         self._idle = 0
         self._in_flight = 0  # leases handed out by this process and not yet committed/dropped
         self._granted = 0
+        self._next_reclaim = 0.0
         self._rng = random.Random()
 
     # -- helpers --------------------------------------------------------------------------------
@@ -169,11 +170,8 @@ class Engine:
         """Reclaim leases of dead local owners, add the seeds, publish the commit bound."""
         f = self.frontier
         await self._db(f.release_owner, self._owner)  # this slot's previous holder is dead
-        holders = await self._db(f.owners_with_leases)
-        await self._db(
-            owners.reclaim_dead_local_owners, self.cfg.db, holders, self._owner, f.release_owner
-        )
-        requeued = await self._db(f.requeue_deferred)
+        await self._reclaim_dead()
+        requeued = await self._db(f.requeue_deferred) if self.cfg.retry_deferred else 0
         if requeued and self._progress:
             self._progress(f"requeued {requeued} deferred URLs")
         for host, delay, concurrency in self.cfg.host_overrides:
@@ -189,6 +187,15 @@ class Engine:
             await self._db(f.add, seeds, time.time())
         await self._db(f.set_meta, "group_commit_max", str(self.cfg.commit_batch))
         await self._db(f.set_meta, "group_commit_linger_s", str(self.cfg.commit_seconds))
+
+    async def _reclaim_dead(self) -> None:
+        f = self.frontier
+        holders = await self._db(f.owners_with_leases)
+        n = await self._db(
+            owners.reclaim_dead_local_owners, self.cfg.db, holders, self._owner, f.release_owner
+        )
+        if n and self._progress:
+            self._progress(f"returned {n} leases of a dead crawl process")
 
     def _start_parsers(self, scope_hosts: frozenset[str]) -> None:
         spec = self.cfg.spider
@@ -253,6 +260,11 @@ class Engine:
                 prog = await self._db(self.frontier.progress, now)
                 if prog.finished and self._in_flight == 0:
                     break
+                if prog.leased > self._in_flight and now >= self._next_reclaim:
+                    # Someone else holds leases: if it was a process of this machine that died,
+                    # return its work now instead of waiting for the leases to expire.
+                    self._next_reclaim = now + 2.0
+                    await self._reclaim_dead()
                 wake_at = min(
                     (
                         t

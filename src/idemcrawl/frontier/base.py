@@ -57,8 +57,8 @@ DONE = "done"
 FAILED = "failed"
 OUT_OF_SCOPE = "out_of_scope"
 DISALLOWED = "disallowed"
-#: Set aside for this run for a host-level reason (Crawl-delay above the cap, robots.txt still
-#: unreachable after its retries); the next ``crawl`` run requeues them.
+#: Set aside for a host-level reason (Crawl-delay above the cap, robots.txt still unreachable
+#: after its retries); ``crawl --retry-deferred`` requeues them.
 DEFERRED = "deferred"
 STATES = (QUEUED, LEASED, DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
 TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
@@ -251,6 +251,10 @@ class Frontier(Protocol):
 
     def release_owner(self, owner: str) -> int:
         """Return every lease of ``owner`` (known dead) to the queue at once."""
+        ...
+
+    def owners_with_leases(self) -> list[str]:
+        """Owner ids that currently hold leases (to find dead local processes)."""
         ...
 
     def progress(self, now: float) -> Progress: ...

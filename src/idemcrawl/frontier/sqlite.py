@@ -253,24 +253,35 @@ class SQLiteFrontier:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _migrate(self) -> None:
+        """Bring the schema to SCHEMA_VERSION; safe when several processes open a new file."""
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise FrontierError(
-                f"database {self.path!r} has schema version {version}, newer than this idemcrawl "
-                f"({SCHEMA_VERSION}); upgrade idemcrawl"
-            )
-        if version == 0:
-            tables = self._db.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type='table'"
-            ).fetchone()[0]
-            if tables:
-                raise FrontierError(f"{self.path!r} is an SQLite file but not an idemcrawl crawl")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            self._db.execute("BEGIN IMMEDIATE")
-            for stmt in _split_sql(MIGRATIONS[target - 1]):
-                self._db.execute(stmt)
-            self._db.execute(f"PRAGMA user_version={target}")
-            self._db.execute("COMMIT")
+        if version == SCHEMA_VERSION:
+            return
+        # Read the version again under the write lock: another process may have just migrated.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise FrontierError(
+                    f"database {self.path!r} has schema version {version}, newer than this "
+                    f"idemcrawl ({SCHEMA_VERSION}); upgrade idemcrawl"
+                )
+            if version == 0:
+                tables = self._db.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type='table'"
+                ).fetchone()[0]
+                if tables:
+                    raise FrontierError(
+                        f"{self.path!r} is an SQLite file but not an idemcrawl crawl"
+                    )
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for stmt in _split_sql(MIGRATIONS[target - 1]):
+                    self._db.execute(stmt)
+                self._db.execute(f"PRAGMA user_version={target}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -538,10 +549,12 @@ class SQLiteFrontier:
                     accepted.append(False)
                     continue
                 accepted.append(True)
-                self._host_success(db, ls.host_key, c.latency, now, policy)
                 if ls.kind == ROBOTS:
+                    # Store first: a Crawl-delay learnt here already spaces the next request.
                     self._store_robots(db, ls.host_key, c, now, policy)
+                    self._host_success(db, ls.host_key, c.latency, now, policy)
                     continue
+                self._host_success(db, ls.host_key, c.latency, now, policy)
                 if c.records:
                     db.executemany(
                         "INSERT INTO records(record_id, source, key, url, data, content_hash, "

@@ -1,0 +1,74 @@
+"""SQLite-specific behaviour: opening, migrating, refusing files that are not crawls."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from idemcrawl.frontier.base import FrontierError
+from idemcrawl.frontier.sqlite import SCHEMA_VERSION, SQLiteFrontier
+
+
+def _open_close(path: str) -> None:
+    SQLiteFrontier(path).close()
+
+
+def test_concurrent_first_open_migrates_once(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    for k in range(5):
+        path = str(tmp_path / f"c{k}.db")
+        procs = [ctx.Process(target=_open_close, args=(path,)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+        con = sqlite3.connect(path)
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        con.close()
+
+
+def test_refuses_foreign_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    with pytest.raises(FrontierError, match="not an idemcrawl crawl"):
+        SQLiteFrontier(str(path))
+
+
+def test_refuses_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    SQLiteFrontier(str(path)).close()
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    con.close()
+    with pytest.raises(FrontierError, match="newer than this idemcrawl"):
+        SQLiteFrontier(str(path))
+
+
+def test_refuses_garbage_and_missing(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"\x00garbage" * 1000)
+    with pytest.raises(FrontierError, match="cannot open crawl database"):
+        SQLiteFrontier(str(junk))
+    with pytest.raises(FrontierError, match="no crawl database"):
+        SQLiteFrontier(str(tmp_path / "none.db"), create=False)
+    with pytest.raises(FrontierError, match="directory"):
+        SQLiteFrontier(str(tmp_path / "no" / "dir.db"))
+
+
+def test_reopen_keeps_state(tmp_path: Path) -> None:
+    from idemcrawl.frontier.base import NewURL
+
+    path = str(tmp_path / "c.db")
+    f = SQLiteFrontier(path)
+    f.add([NewURL("http://a/x", "http://a")], 1.0)
+    f.close()
+    g = SQLiteFrontier(path)
+    assert g.stats().urls_by_state["queued"] == 1
+    g.close()
