@@ -190,3 +190,54 @@ def test_chaos_small_run_passes() -> None:
     naive, idem = report["results"]
     assert idem["rows"] == idem["correct"] == 30 and idem["missing"] == 0
     assert naive["crawler"] == "naive" and naive["distinct"] <= 30
+
+
+def test_config_file_errors_name_key_and_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("concurrency = 4\n\ndelay_seconds = 2\n")
+    res = run_cli(
+        "crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"), "--config", str(cfg)
+    )
+    _assert_one_line_error(res, f"{cfg}:3: unknown key 'delay_seconds'")
+    cfg.write_text('delay = "fast"\n')
+    res = run_cli(
+        "crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"), "--config", str(cfg)
+    )
+    _assert_one_line_error(res, f"{cfg}:1: delay must be")
+    cfg.write_text('[hosts."a.example"]\nspeed = 3\n')
+    res = run_cli(
+        "crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"), "--config", str(cfg)
+    )
+    _assert_one_line_error(res, f"{cfg}:2: unknown key 'speed'")
+    cfg.write_text("delay = \n")
+    res = run_cli("crawl", "--db", str(tmp_path / "x.db"), "--config", str(cfg))
+    _assert_one_line_error(res, str(cfg))
+
+
+def test_config_file_and_flags_set_host_overrides(shop: ShopServer, tmp_path: Path) -> None:
+    from idemcrawl.frontier.sqlite import SQLiteFrontier
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'allow_private = ["127.0.0.1"]\nseeds = ["{shop.seed_url}"]\nspider = "{SHOP_SPIDER}"\n'
+        f'delay = 0\nlatency_factor = 0\n[hosts."{shop.base_url}"]\ndelay = 0.01\n'
+        "concurrency = 3\n"
+    )
+    db = tmp_path / "c.db"
+    res = run_cli(
+        "crawl",
+        "--db",
+        str(db),
+        "--config",
+        str(cfg),
+        "--quiet",
+        "--host-max",
+        f"{shop.base_url}=2",
+    )
+    assert res.returncode == 0, res.stderr
+    f = SQLiteFrontier(str(db))
+    host = f.host_row(shop.base_url)
+    f.close()
+    assert host is not None and host["delay"] == 0.01 and host["max_in_flight"] == 2
+    res = run_cli("crawl", "--db", str(db), "--host-delay", "nonsense")
+    _assert_one_line_error(res, "--host-delay takes HOST=VALUE")

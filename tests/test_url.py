@@ -377,3 +377,26 @@ def test_in_scope_unknown_mode() -> None:
         in_scope("https://www.example.com/", SEEDS, "subdomain")
     with pytest.raises(ValueError):
         in_scope("https://www.example.com/", SEEDS, "")
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [
+        "http://Example.COM/",
+        "http://example.com./",
+        "http://%65xample.com/",
+        "http://example.com:80/",
+        "HTTP://EXAMPLE.com:80/x",
+    ],
+)
+def test_host_aliases_share_one_host_key(alias: str) -> None:
+    """R8b: aliases of one host share one politeness budget and one robots entry."""
+    assert host_key(normalise(alias)) == "http://example.com"
+
+
+@pytest.mark.parametrize(
+    "alias",
+    ["http://bücher.example/", "http://xn--bcher-kva.example/", "http://B%C3%BCcher.example/"],
+)
+def test_idn_aliases_share_one_host_key(alias: str) -> None:
+    assert host_key(normalise(alias)) == "http://xn--bcher-kva.example"

@@ -194,6 +194,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="requeue URLs an earlier run deferred (Crawl-delay above the cap, "
         "robots.txt unreachable)",
     )
+    c.add_argument(
+        "--host-delay",
+        action="append",
+        default=[],
+        metavar="HOST=SECONDS",
+        help="per-host delay between request starts (HOST: host[:port] or scheme://host[:port])",
+    )
+    c.add_argument(
+        "--host-max",
+        action="append",
+        default=[],
+        metavar="HOST=N",
+        help="per-host requests in flight",
+    )
     c.add_argument("--json", action="store_true", help="print the run summary as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -285,6 +299,33 @@ def _output(path: str) -> Iterator[TextIO]:
             yield fh
 
 
+def _merge_host_flags(
+    overrides: list[tuple[str, float | None, int | None]], delays: list[str], maxes: list[str]
+) -> list[tuple[str, float | None, int | None]]:
+    """Fold --host-delay / --host-max into the config file's per-host overrides (flags win)."""
+    from .config import host_keys_for
+
+    table: dict[str, list[float | int | None]] = {h: [d, m] for h, d, m in overrides}
+    for flag, items, slot in (("--host-delay", delays, 0), ("--host-max", maxes, 1)):
+        for item in items:
+            host, sep, value = item.rpartition("=")
+            if not sep or not host:
+                raise UsageError(f"{flag} takes HOST=VALUE, got {item!r}")
+            try:
+                number: float | int = float(value) if slot == 0 else int(value)
+            except ValueError:
+                raise UsageError(f"{flag} {item!r}: {value!r} is not a number") from None
+            if number < 0 or (slot == 1 and number < 1):
+                raise UsageError(f"{flag} {item!r}: value out of range")
+            try:
+                keys = host_keys_for(host)
+            except ValueError as exc:
+                raise UsageError(f"{flag} {item!r}: {exc}") from None
+            for hk in keys:
+                table.setdefault(hk, [None, None])[slot] = number
+    return [(h, v[0], v[1]) for h, v in table.items()]  # type: ignore[misc]
+
+
 def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
     """Defaults, then the config file, then the flags actually given."""
     settings: dict[str, Any] = {}
@@ -297,6 +338,7 @@ def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
         settings.update(file_settings)
     given = {k: v for k, v in vars(a).items() if k in FILE_KEYS}
     settings.update(given)
+    overrides = _merge_host_flags(overrides, a.host_delay, a.host_max)
     if a.urls:
         settings["seeds"] = list(a.urls)
     if "db" not in settings:

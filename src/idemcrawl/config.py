@@ -167,10 +167,21 @@ HOST_KEYS: dict[str, tuple[type, ...]] = {"delay": (int, float), "concurrency": 
 def _line_of(text: str, key: str) -> int | None:
     import re
 
-    m = re.search(rf'^\s*"?{re.escape(key)}"?\s*=', text, re.M)
+    m = re.search(rf'^[ \t]*"?{re.escape(key)}"?[ \t]*=', text, re.M)
     if m is None:
-        m = re.search(rf"^\s*\[.*{re.escape(key)}.*\]", text, re.M)
+        m = re.search(rf"^[ \t]*\[.*{re.escape(key)}.*\]", text, re.M)
     return None if m is None else text.count("\n", 0, m.start()) + 1
+
+
+def host_keys_for(host: str) -> list[str]:
+    """``scheme://host[:port]`` as given, or both schemes for a bare ``host[:port]``."""
+    from . import url as urls
+
+    targets = [host] if "://" in host else [f"http://{host}", f"https://{host}"]
+    try:
+        return [urls.host_key(urls.normalise(t)) for t in targets]
+    except urls.InvalidURL as exc:
+        raise ValueError(f"bad host {host!r}: {exc}") from None
 
 
 def load_config_file(
@@ -182,8 +193,6 @@ def load_config_file(
     typo in a politeness setting silently falling back to a default is worse than no start.
     """
     import tomllib
-
-    from . import url as urls
 
     try:
         with open(path, "rb") as fh:
@@ -222,12 +231,11 @@ def load_config_file(
                             f"(known: {', '.join(sorted(HOST_KEYS))})"
                         )
                     check(k, v, HOST_KEYS[k])
-                targets = [host] if "://" in host else [f"http://{host}", f"https://{host}"]
-                for t in targets:
-                    try:
-                        hk = urls.host_key(urls.normalise(t))
-                    except urls.InvalidURL as exc:
-                        raise ConfigFileError(f"{where(host)}: bad host {host!r}: {exc}") from None
+                try:
+                    keys = host_keys_for(host)
+                except ValueError as exc:
+                    raise ConfigFileError(f"{where(host)}: {exc}") from None
+                for hk in keys:
                     delay = table.get("delay")
                     conc = table.get("concurrency")
                     overrides.append(
