@@ -76,7 +76,14 @@ def server() -> Iterator[MultiHostServer]:
 
 @pytest.fixture
 def site(server: MultiHostServer) -> MultiHostServer:
-    """The shared server with log cleared and once-only pages re-armed."""
+    """The shared server with log cleared and once-only pages re-armed.
+
+    Waits for requests left over from the previous test (a client that timed out on /slow or a
+    hanging robots.txt) to finish first, or they would be logged into this test's log.
+    """
+    deadline = time.monotonic() + 40
+    while any(h["in_flight"] for h in server.stats().values()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     server.reset()
     return server
 
