@@ -219,3 +219,37 @@ def test_unreachable_robots_defers_host_after_retries(tmp_path: Path) -> None:
     assert "robots.txt unreachable after 3 attempts" in page["reason"]
     assert robots is not None and robots["version"] == 3  # fetched three times, one round each
     assert stats.counters["robots_fetches"] == 3
+
+
+def test_paused_partition_owner_cannot_grant_after_takeover(tmp_path: Path) -> None:
+    """A real pause (thread sleep) past the ownership lease, while another owner takes over."""
+    import threading
+
+    from idemcrawl.frontier.base import HostPolicy, NewURL, StaleEpoch
+
+    db = str(tmp_path / "p.db")
+    a, b = SQLiteFrontier(db), SQLiteFrontier(db)
+    a.add([NewURL(f"http://h/{i}", "http://h") for i in range(10)], time.time())
+    policy = HostPolicy(max_in_flight=10, delay=0.0)
+    fence_a = a.acquire_partition(0, "A", time.time(), ttl=0.3)
+    outcome: list[object] = []
+
+    def paused_owner() -> None:
+        time.sleep(0.6)  # e.g. a long GC pause or a stopped VM
+        try:
+            outcome.append(a.lease("A", 5, time.time(), 30, policy, fence=fence_a))
+        except StaleEpoch as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=paused_owner)
+    t.start()
+    time.sleep(0.4)
+    fence_b = b.acquire_partition(0, "B", time.time(), ttl=5)
+    granted_b = b.lease("B", 5, time.time(), 30, policy, fence=fence_b)
+    t.join()
+    assert fence_b.epoch == fence_a.epoch + 1
+    assert len(granted_b) == 5
+    assert len(outcome) == 1 and isinstance(outcome[0], StaleEpoch)
+    assert b.progress(time.time()).leased == 5
+    a.close()
+    b.close()

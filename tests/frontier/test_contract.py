@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from idemcrawl.frontier.base import (
     Completion,
     Failure,
@@ -244,3 +246,37 @@ def test_meta_and_seeds(frontier: Frontier) -> None:
     frontier.add_seeds(["http://a", "http://b"])
     frontier.add_seeds(["http://a"])
     assert frontier.seed_hosts() == frozenset({"http://a", "http://b"})
+
+
+def test_partition_fencing_rejects_a_stale_owner(frontier: Frontier) -> None:
+    from idemcrawl.frontier.base import PartitionBusy, StaleEpoch
+
+    frontier.add(urls("http://a", 3), T0)
+    fence_a = frontier.acquire_partition(0, "A", T0, ttl=10)
+    assert fence_a.epoch == 1
+    assert len(frontier.lease("A", 1, T0, 30, FAST, fence=fence_a)) == 1
+    with pytest.raises(PartitionBusy):
+        frontier.acquire_partition(0, "B", T0 + 5, ttl=10)
+    # A pauses past its ownership lease; B takes over with a higher epoch.
+    fence_b = frontier.acquire_partition(0, "B", T0 + 11, ttl=10)
+    assert fence_b.epoch == 2
+    queued_before = frontier.progress(T0 + 12).queued
+    with pytest.raises(StaleEpoch):
+        frontier.lease("A", 5, T0 + 12, 30, FAST, fence=fence_a)
+    with pytest.raises(StaleEpoch):
+        frontier.renew_partition(fence_a, "A", T0 + 12, ttl=10)
+    assert frontier.progress(T0 + 12).queued == queued_before  # the stale grant granted nothing
+    assert len(frontier.lease("B", 5, T0 + 12, 30, FAST, fence=fence_b)) == 2
+    frontier.renew_partition(fence_b, "B", T0 + 15, ttl=10)
+    assert frontier.acquire_partition(0, "B", T0 + 16, ttl=10) == fence_b  # renewal keeps epoch
+    # Once B's ownership lapses, its fence is refused too.
+    with pytest.raises(StaleEpoch):
+        frontier.lease("B", 1, T0 + 40, 30, FAST, fence=fence_b)
+
+
+def test_partitions_are_independent(frontier: Frontier) -> None:
+    f0 = frontier.acquire_partition(0, "A", T0, ttl=10)
+    f1 = frontier.acquire_partition(1, "B", T0, ttl=10)
+    assert (f0.epoch, f1.epoch) == (1, 1)
+    frontier.renew_partition(f0, "A", T0 + 1, ttl=10)
+    frontier.renew_partition(f1, "B", T0 + 1, ttl=10)

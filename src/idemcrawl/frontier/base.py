@@ -34,6 +34,13 @@ I7  An expired lease returns its URL to ``queued`` and its slot to the host; not
     notice the crash that caused it.                                                       (R4)
 I8  Completion/failure also push ``next_allowed_at`` to at least ``now + delay`` so the gap between
     the end of one response and the next request start honours the delay as well.
+I9  Partition ownership is a lease with a fencing token: taking over an expired (or free)
+    partition increments its ``epoch``; a grant presenting an older epoch, or an expired
+    ownership, raises ``StaleEpoch`` and grants nothing, so a paused old owner that wakes up
+    cannot hand out work the new owner also hands out.                                     (R25)
+I10 robots.txt gates a host (R7): no page URL of a host is leased while its robots state is
+    unknown or expired (only its robots.txt URL is); a URL the rules disallow becomes
+    ``disallowed`` with the reason instead of being leased.
 
 Backends expose the same synchronous API; the engine calls it from one dedicated thread so the
 event loop never blocks on the database.
@@ -70,6 +77,22 @@ ROBOTS = "robots"
 
 class FrontierError(RuntimeError):
     """The database behind the frontier is unusable (unreadable file, wrong schema, …)."""
+
+
+class StaleEpoch(FrontierError):
+    """A partition owner's fencing token is no longer current: it must not grant work (R25)."""
+
+
+class PartitionBusy(FrontierError):
+    """Another owner holds the partition's ownership lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof of partition ownership presented with every grant: (partition, epoch)."""
+
+    partition: int
+    epoch: int
 
 
 def record_id(source: str, key: str) -> str:
@@ -232,9 +255,28 @@ class Frontier(Protocol):
         ...
 
     def lease(
-        self, owner: str, limit: int, now: float, lease_seconds: float, policy: HostPolicy
+        self,
+        owner: str,
+        limit: int,
+        now: float,
+        lease_seconds: float,
+        policy: HostPolicy,
+        fence: Fence | None = None,
     ) -> list[Lease]:
-        """Expire stale leases, then grant up to ``limit`` leases on ready hosts (I6)."""
+        """Expire stale leases, then grant up to ``limit`` leases on ready hosts (I6).
+
+        With a ``fence``, the grant first checks in the same transaction that the fence's epoch
+        is still the partition's current one and its ownership lease unexpired, and raises
+        :class:`StaleEpoch` otherwise (I9).
+        """
+        ...
+
+    def acquire_partition(self, partition: int, owner: str, now: float, ttl: float) -> Fence:
+        """Become (or stay) the partition's owner; a new owner gets a higher epoch."""
+        ...
+
+    def renew_partition(self, fence: Fence, owner: str, now: float, ttl: float) -> None:
+        """Extend ownership; raises StaleEpoch if someone took over meanwhile."""
         ...
 
     def complete(

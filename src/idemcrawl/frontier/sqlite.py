@@ -44,12 +44,15 @@ from .base import (
     STATES,
     Completion,
     Failure,
+    Fence,
     FrontierError,
     FrontierStats,
     HostPolicy,
     Lease,
     NewURL,
+    PartitionBusy,
     Progress,
+    StaleEpoch,
 )
 
 SCHEMA_VERSION = 2
@@ -323,11 +326,19 @@ class SQLiteFrontier:
         ).rowcount
 
     def lease(
-        self, owner: str, limit: int, now: float, lease_seconds: float, policy: HostPolicy
+        self,
+        owner: str,
+        limit: int,
+        now: float,
+        lease_seconds: float,
+        policy: HostPolicy,
+        fence: Fence | None = None,
     ) -> list[Lease]:
         if limit <= 0:
             return []
         with self._tx() as db:
+            if fence is not None:
+                self._check_fence(db, fence, owner, now)
             self._expire(db, now)
             hosts = db.execute(
                 f"SELECT {_HOST_COLS} FROM hosts WHERE queued > 0 AND next_allowed_at <= ? "
@@ -503,6 +514,61 @@ class SQLiteFrontier:
             "UPDATE hosts SET next_allowed_at = ? WHERE host_key = ?", (now + delay, h.host_key)
         )
         return leases
+
+    @staticmethod
+    def _check_fence(db: sqlite3.Connection, fence: Fence, owner: str, now: float) -> None:
+        row = db.execute(
+            "SELECT owner, epoch, expires_at FROM partitions WHERE partition = ?",
+            (fence.partition,),
+        ).fetchone()
+        if row is None or row[1] != fence.epoch or row[0] != owner or row[2] <= now:
+            current = "none" if row is None else f"epoch {row[1]} owned by {row[0]}"
+            raise StaleEpoch(
+                f"partition {fence.partition}: fence epoch {fence.epoch} of {owner} is stale "
+                f"(current: {current})"
+            )
+
+    def acquire_partition(self, partition: int, owner: str, now: float, ttl: float) -> Fence:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT owner, epoch, expires_at FROM partitions WHERE partition = ?",
+                (partition,),
+            ).fetchone()
+            if row is None:
+                epoch = 1
+                db.execute(
+                    "INSERT INTO partitions(partition, owner, epoch, expires_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (partition, owner, epoch, now + ttl),
+                )
+                return Fence(partition, epoch)
+            cur_owner, epoch, expires_at = row
+            if cur_owner == owner and expires_at > now:
+                epoch = int(epoch)  # still ours: renew without a new epoch
+            elif expires_at <= now or cur_owner is None:
+                epoch = int(epoch) + 1  # take over: every earlier fence becomes stale
+            else:
+                raise PartitionBusy(
+                    f"partition {partition} is owned by {cur_owner} for another "
+                    f"{expires_at - now:.1f} s"
+                )
+            db.execute(
+                "UPDATE partitions SET owner = ?, epoch = ?, expires_at = ? WHERE partition = ?",
+                (owner, epoch, now + ttl, partition),
+            )
+            return Fence(partition, epoch)
+
+    def renew_partition(self, fence: Fence, owner: str, now: float, ttl: float) -> None:
+        with self._tx() as db:
+            n = db.execute(
+                "UPDATE partitions SET expires_at = ? WHERE partition = ? AND owner = ? "
+                "AND epoch = ?",
+                (now + ttl, fence.partition, owner, fence.epoch),
+            ).rowcount
+            if n != 1:
+                raise StaleEpoch(
+                    f"partition {fence.partition}: cannot renew epoch {fence.epoch} for {owner}"
+                )
 
     def _defer_host(self, db: sqlite3.Connection, host_key: str, reason: str) -> None:
         n = db.execute(
