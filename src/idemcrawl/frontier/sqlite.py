@@ -27,11 +27,11 @@ from typing import Any, NamedTuple
 
 from .. import robots
 from ..politeness import (
+    LATENCY_ALPHA,
     MAX_STREAK_SHIFT,
     allowance,
     backoff_seconds,
     effective_delay,
-    update_latency,
 )
 from ..robots import RobotsState, needs_fetch, state_from_row, state_to_row
 from ..robots import outcome as robots_outcome
@@ -588,11 +588,17 @@ class SQLiteFrontier:
     def complete(
         self, completions: Sequence[Completion], now: float, policy: HostPolicy
     ) -> list[bool]:
+        """One transaction for the batch; each completion fenced on (url_id, version, token).
+
+        The fencing UPDATE runs per completion (its rowcount says whether it is accepted); the
+        rest — host updates, records, links, events — is one executemany each for the whole
+        batch, so a group commit costs a handful of statements, not a handful per page.
+        """
         accepted: list[bool] = []
         if not completions:
             return accepted
         with self._tx() as db:
-            links_new = 0
+            pages: list[Completion] = []
             for c in completions:
                 ls = c.lease
                 cur = db.execute(
@@ -611,61 +617,57 @@ class SQLiteFrontier:
                         ls.token,
                     ),
                 )
-                if cur.rowcount != 1:
-                    accepted.append(False)
+                ok = cur.rowcount == 1
+                accepted.append(ok)
+                if not ok:
                     continue
-                accepted.append(True)
                 if ls.kind == ROBOTS:
                     # Store first: a Crawl-delay learnt here already spaces the next request.
                     self._store_robots(db, ls.host_key, c, now, policy)
-                    self._host_success(db, ls.host_key, c.latency, now, policy)
-                    continue
-                self._host_success(db, ls.host_key, c.latency, now, policy)
-                if c.records:
-                    db.executemany(
-                        "INSERT INTO records(record_id, source, key, url, data, content_hash, "
-                        "first_seen, last_changed) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT(record_id) DO UPDATE SET data = excluded.data, "
-                        "content_hash = excluded.content_hash, "
-                        "last_changed = excluded.last_changed, url = excluded.url "
-                        "WHERE records.content_hash IS NOT excluded.content_hash",
-                        [
-                            (
-                                r.record_id,
-                                r.source,
-                                r.key,
-                                ls.url,
-                                r.data_json,
-                                r.content_hash,
-                                now,
-                                now,
-                            )
-                            for r in c.records
-                        ],
-                    )
-                if c.links:
-                    links_new += self._insert_urls(
-                        db,
-                        [
-                            (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now)
-                            for u in c.links
-                        ],
-                    )
-                db.execute(
+                    self._hosts_success(db, [c], now, policy)
+                else:
+                    pages.append(c)
+            self._hosts_success(db, pages, now, policy)
+            records = [
+                (r.record_id, r.source, r.key, c.lease.url, r.data_json, r.content_hash, now, now)
+                for c in pages
+                for r in c.records
+            ]
+            if records:
+                db.executemany(
+                    "INSERT INTO records(record_id, source, key, url, data, content_hash, "
+                    "first_seen, last_changed) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(record_id) DO UPDATE SET data = excluded.data, "
+                    "content_hash = excluded.content_hash, "
+                    "last_changed = excluded.last_changed, url = excluded.url "
+                    "WHERE records.content_hash IS NOT excluded.content_hash",
+                    records,
+                )
+            links = [
+                (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now)
+                for c in pages
+                for u in c.links
+            ]
+            links_new = self._insert_urls(db, links) if links else 0
+            if pages:
+                db.executemany(
                     "INSERT INTO events(url_id, url_version, url, status, fetched_at, "
                     "content_hash, records, links, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(url_id, url_version) DO NOTHING",
-                    (
-                        ls.url_id,
-                        ls.version,
-                        ls.url,
-                        c.status,
-                        c.fetched_at,
-                        c.content_hash,
-                        len(c.records),
-                        len(c.links),
-                        now,
-                    ),
+                    [
+                        (
+                            c.lease.url_id,
+                            c.lease.version,
+                            c.lease.url,
+                            c.status,
+                            c.fetched_at,
+                            c.content_hash,
+                            len(c.records),
+                            len(c.links),
+                            now,
+                        )
+                        for c in pages
+                    ],
                 )
             n_ok = sum(accepted)
             self._bump(db, "fetches", n_ok)
@@ -788,29 +790,25 @@ class SQLiteFrontier:
         self._bump(db, "host_backoffs", 1)
         return rest
 
-    def _host_success(
-        self,
-        db: sqlite3.Connection,
-        host_key: str,
-        latency: float | None,
-        now: float,
-        policy: HostPolicy,
+    def _hosts_success(
+        self, db: sqlite3.Connection, done: Sequence[Completion], now: float, policy: HostPolicy
     ) -> None:
-        if latency is not None:
-            (prev,) = db.execute(
-                "SELECT latency_ewma FROM hosts WHERE host_key = ?", (host_key,)
-            ).fetchone()
-            db.execute(
-                "UPDATE hosts SET latency_ewma = ? WHERE host_key = ?",
-                (update_latency(prev, latency), host_key),
-            )
-        db.execute(
-            "UPDATE hosts SET error_streak = MAX(0, error_streak - 1), "
-            "backoff_reason = CASE WHEN error_streak <= 1 THEN NULL ELSE backoff_reason END "
-            "WHERE host_key = ?",
-            (host_key,),
+        """A good answer: the error streak steps down, latency feeds the adaptive delay (R8)."""
+        if not done:
+            return
+        cap = policy.robots.settings.crawl_delay_cap if policy.robots is not None else -1.0
+        # The latency update is politeness.update_latency written in SQL (same LATENCY_ALPHA).
+        db.executemany(
+            "UPDATE hosts SET "
+            "latency_ewma = CASE WHEN ?1 IS NULL THEN latency_ewma "
+            "  WHEN latency_ewma IS NULL THEN ?1 ELSE latency_ewma + ?2 * (?1 - latency_ewma) END, "
+            "error_streak = MAX(0, error_streak - 1), "
+            "backoff_reason = CASE WHEN error_streak <= 1 THEN NULL ELSE backoff_reason END, "
+            "next_allowed_at = MAX(next_allowed_at, ?3 + MAX(COALESCE(delay, ?4), "
+            "  CASE WHEN crawl_delay <= ?5 THEN crawl_delay ELSE 0 END)) "
+            "WHERE host_key = ?6",
+            [(c.latency, LATENCY_ALPHA, now, policy.delay, cap, c.lease.host_key) for c in done],
         )
-        self._after_request(db, host_key, now, policy)
 
     @staticmethod
     def _after_request(db: sqlite3.Connection, host_key: str, now: float, p: HostPolicy) -> None:
