@@ -347,7 +347,8 @@ class TestParser:
             NewURL(f"{SHOP}/b", SHOP, priority=5, depth=3),
             NewURL(f"{SHOP}/a", SHOP, priority=0, depth=3),
         ]
-        assert result.rejected == 3  # other.test, javascript:, unparseable
+        # other.test is out of scope; javascript: and an unparseable href are invalid
+        assert result.rejected == {"out_of_scope": 1, "invalid_url": 2}
 
     def test_scope_any_keeps_other_hosts(self) -> None:
         result = parser("tests.test_parse:ShopSpider", scope="any").run(job(ITEM_PAGE))
@@ -356,7 +357,7 @@ class TestParser:
             (f"{SHOP}/a", SHOP),
             ("http://other.test/x", "http://other.test"),
         ]
-        assert result.rejected == 2
+        assert result.rejected == {"invalid_url": 2}
 
     def test_spider_links_resolve_against_base_href(self) -> None:
         body = b'<base href="http://shop.test/base/"><p>x</p>'
@@ -370,7 +371,7 @@ class TestParser:
         assert "kaboom" in result.error
         assert result.records == []
         assert result.links == []
-        assert result.rejected == 0
+        assert result.rejected == {}
 
     def test_wrong_item_type_is_an_error(self) -> None:
         result = parser("tests.test_parse:WrongTypeSpider").run(job(ITEM_PAGE))
@@ -416,13 +417,13 @@ class TestParser:
         result = parser("tests.test_parse:BoomSpider").run(
             job(status=302, headers={"location": "http://other.test/"})
         )
-        assert result == ParseResult(rejected=1)
+        assert result == ParseResult(rejected={"out_of_scope": 1})
 
     def test_redirect_to_invalid_url_is_rejected(self) -> None:
         result = parser("tests.test_parse:BoomSpider").run(
             job(status=301, headers={"location": "javascript:alert(1)"})
         )
-        assert result == ParseResult(rejected=1)
+        assert result == ParseResult(rejected={"invalid_url": 1})
 
     @pytest.mark.parametrize("status", [302, 304])
     def test_3xx_without_location_yields_nothing(self, status: int) -> None:
@@ -463,7 +464,7 @@ class TestParser:
             NewURL(f"{SHOP}/c", SHOP, depth=2),
         ]
         # Page.links already filtered scope, so nothing is left to reject here.
-        assert result.rejected == 0
+        assert result.rejected == {}
 
 
 # -- load_spider ------------------------------------------------------------------------------
@@ -578,3 +579,22 @@ class TestLoadSpider:
         b = write(tmp_path / "my_spider.py", GOOD_SPIDER.replace('"mine"', '"underscore"'))
         assert load_spider(f"{a}:Mine").name == "dash"
         assert load_spider(f"{b}:Mine").name == "underscore"
+
+
+class TestTrapChecks:
+    def test_trap_limits_reject_links_by_reason(self) -> None:
+        from idemcrawl.traps import TrapLimits
+
+        limits = TrapLimits(
+            max_url_length=60, max_query_params=2, max_repeated_segment=2, max_depth=3
+        )
+        p = Parser(None, frozenset({SHOP}), "host", limits)
+        body = (
+            b'<a href="/a/a/a">loop</a><a href="/x?a=1&b=2&c=3">facets</a>'
+            b'<a href="/' + b"l" * 80 + b'">long</a><a href="/ok">ok</a>'
+        )
+        result = p.run(job(body, depth=1))
+        assert [n.url for n in result.links] == [f"{SHOP}/ok"]
+        assert result.rejected == {"repeated_segment": 1, "query_params": 1, "url_length": 1}
+        deep = p.run(job(b'<a href="/ok">ok</a>', depth=3))
+        assert deep.links == [] and deep.rejected == {"depth": 1}

@@ -194,6 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="requeue URLs an earlier run deferred (Crawl-delay above the cap, "
         "robots.txt unreachable)",
     )
+    for name, default in (
+        ("max-depth", 100),
+        ("max-url-length", 2048),
+        ("max-query-params", 12),
+        ("max-repeated-segment", 3),
+    ):
+        c.add_argument(
+            f"--{name}",
+            type=_positive_int,
+            default=S,
+            help=f"trap defence: links beyond this are not followed (default {default})",
+        )
     c.add_argument(
         "--host-delay",
         action="append",
@@ -435,6 +447,11 @@ def status_dict(db: str) -> dict[str, Any]:
         "lease_expiries": s.counters.get("lease_expiries", 0),
         "leases_reclaimed": s.counters.get("leases_reclaimed", 0),
         "completions_rejected": s.counters.get("completions_rejected", 0),
+        "links_rejected": {
+            k.removeprefix("links_rejected_"): v
+            for k, v in sorted(s.counters.items())
+            if k.startswith("links_rejected_")
+        },
         "robots_fetches": s.counters.get("robots_fetches", 0),
         "robots_disallowed": s.counters.get("robots_disallowed", 0),
         "urls_deferred": s.counters.get("urls_deferred", 0),
@@ -472,6 +489,8 @@ def cmd_status(a: argparse.Namespace) -> int:
         f"leases           {d['lease_expiries']} expired, {d['leases_reclaimed']} reclaimed "
         f"from dead processes, {d['completions_rejected']} stale completions rejected"
     )
+    rej = d["links_rejected"]
+    print("links refused    " + (", ".join(f"{k} {v}" for k, v in rej.items()) or "none"))
     pol = d["politeness"]
     ed = pol["eligibility_delay_s"]
     print(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .fetch import IPNetwork
 from .frontier.base import HostPolicy
 from .robots import RobotsCache, RobotsSettings
+from .traps import TrapLimits
 
 
 def default_parse_workers() -> int:
@@ -54,6 +55,11 @@ class CrawlConfig:
     retry_deferred: bool = False
     #: Per-host overrides: host_key (or bare host) -> {"delay": s, "concurrency": n}.
     host_overrides: tuple[tuple[str, float | None, int | None], ...] = ()
+    #: Trap defences (R17): links beyond these limits are not followed, and counted by reason.
+    max_depth: int = 100
+    max_url_length: int = 2048
+    max_query_params: int = 12
+    max_repeated_segment: int = 3
     #: Parser processes; 0 parses in the main process (tests, tiny crawls).
     parse_workers: int = field(default_factory=default_parse_workers)
     #: Group commit bounds (R5): at most this many completions per transaction …
@@ -104,8 +110,19 @@ class CrawlConfig:
             problems.append("--crawl-delay-cap must be >= 0")
         if self.breaker_threshold < 1:
             problems.append("breaker_threshold must be >= 1")
+        for name in ("max_depth", "max_url_length", "max_query_params", "max_repeated_segment"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def trap_limits(self) -> TrapLimits:
+        return TrapLimits(
+            max_url_length=self.max_url_length,
+            max_query_params=self.max_query_params,
+            max_repeated_segment=self.max_repeated_segment,
+            max_depth=self.max_depth,
+        )
 
     def host_policy(self) -> HostPolicy:
         robots_cache = None
@@ -160,6 +177,10 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "robots_max_attempts": (int,),
     "crawl_delay_cap": (int, float),
     "retry_deferred": (bool,),
+    "max_depth": (int,),
+    "max_url_length": (int,),
+    "max_query_params": (int,),
+    "max_repeated_segment": (int,),
 }
 HOST_KEYS: dict[str, tuple[type, ...]] = {"delay": (int, float), "concurrency": (int,)}
 

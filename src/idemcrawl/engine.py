@@ -60,7 +60,7 @@ class CrawlSummary:
     rejected_completions: int = 0
     records: int = 0
     failed: int = 0
-    links_rejected: int = 0
+    links_rejected: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     finished: bool = False
     stopped_by: str = ""
@@ -207,7 +207,7 @@ class Engine:
         self._spider_spec = spec
         self._scope_hosts = scope_hosts
         if self.cfg.parse_workers == 0:
-            self._parser = Parser(spec, scope_hosts, self.cfg.scope)
+            self._parser = Parser(spec, scope_hosts, self.cfg.scope, self.cfg.trap_limits())
             return
         self._new_pool()
         self._parse_slots = asyncio.Semaphore(self.cfg.parse_workers * 2)
@@ -218,7 +218,7 @@ class Engine:
             self.cfg.parse_workers,
             mp_context=ctx,
             initializer=init_worker,
-            initargs=(self._spider_spec, self._scope_hosts, self.cfg.scope),
+            initargs=(self._spider_spec, self._scope_hosts, self.cfg.scope, self.cfg.trap_limits()),
         )
         for _ in range(self.cfg.parse_workers):
             self._pool.submit(warm_up)
@@ -321,7 +321,8 @@ class Engine:
         if result.error:
             self._count_error("parse")
             return Failure(lease, result.error, retry_at=None, status=res.status)
-        self.summary.links_rejected += result.rejected
+        for reason, n in result.rejected.items():
+            self.summary.links_rejected[reason] = self.summary.links_rejected.get(reason, 0) + n
         return Completion(
             lease,
             res.status,
@@ -332,6 +333,7 @@ class Engine:
             len(res.body),
             "truncated at max bytes" if res.truncated else None,
             latency=res.elapsed,
+            rejections=result.rejected,
         )
 
     async def _fetch_robots(self, lease: Lease) -> Completion:

@@ -24,6 +24,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from . import url as urls
 from .frontier.base import NewURL, RecordWrite, canonical_json
+from .traps import TrapLimits, check_url, reason_class
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,18 +276,26 @@ class ParseJob:
 class ParseResult:
     records: list[RecordWrite] = field(default_factory=list)
     links: list[NewURL] = field(default_factory=list)
-    rejected: int = 0
+    #: Links not followed, by reason class (out_of_scope, invalid_url, url_length, depth, …).
+    rejected: dict[str, int] = field(default_factory=dict)
     error: str | None = None
 
 
 class Parser:
     """Turns fetched responses into records and links; one instance per worker process."""
 
-    def __init__(self, spider_spec: str | None, scope_hosts: frozenset[str], scope: str) -> None:
+    def __init__(
+        self,
+        spider_spec: str | None,
+        scope_hosts: frozenset[str],
+        scope: str,
+        limits: TrapLimits | None = None,
+    ) -> None:
         self.spider = load_spider(spider_spec)()
         self.source = str(self.spider.name)
         self.scope_hosts = scope_hosts
         self.scope = scope
+        self.limits = limits or TrapLimits()
 
     def run(self, job: ParseJob) -> ParseResult:
         result = ParseResult()
@@ -332,24 +341,38 @@ class Parser:
         return RecordWrite.make(self.source, str(rec.key), rec.data)
 
     def _follow(self, result: ParseResult, href: str, base: str, depth: int, prio: int) -> None:
+        """The discovery path for every link: normalise, scope, trap checks (R9, R17)."""
         try:
             u = urls.normalise(href, base)
         except urls.InvalidURL:
-            result.rejected += 1
+            _count(result.rejected, "invalid_url")
             return
         if not urls.in_scope(u, self.scope_hosts, self.scope):
-            result.rejected += 1
+            _count(result.rejected, "out_of_scope")
+            return
+        trap = check_url(u, depth, self.limits)
+        if trap is not None:
+            _count(result.rejected, reason_class(trap))
             return
         result.links.append(NewURL(u, urls.host_key(u), priority=prio, depth=depth))
+
+
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 _worker: Parser | None = None
 
 
-def init_worker(spider_spec: str | None, scope_hosts: frozenset[str], scope: str) -> None:
+def init_worker(
+    spider_spec: str | None,
+    scope_hosts: frozenset[str],
+    scope: str,
+    limits: TrapLimits | None = None,
+) -> None:
     """Process-pool initializer: load the spider once per worker process."""
     global _worker
-    _worker = Parser(spider_spec, scope_hosts, scope)
+    _worker = Parser(spider_spec, scope_hosts, scope, limits)
 
 
 def parse_in_worker(job: ParseJob) -> ParseResult:

@@ -197,6 +197,19 @@ def check_url(url: str, depth: int, limits: TrapLimits) -> str | None:
     return None
 
 
+def reason_class(reason: str) -> str:
+    """The counter name of a :func:`check_url` reason ("url length 3000 > 2048" → url_length)."""
+    for prefix, name in (
+        ("url length", "url_length"),
+        ("query params", "query_params"),
+        ("repeated path segment", "repeated_segment"),
+        ("depth", "depth"),
+    ):
+        if reason.startswith(prefix):
+            return name
+    return "trap"
+
+
 # --------------------------------------------------------------------------------------------
 # Template growth gate
 

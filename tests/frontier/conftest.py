@@ -1,7 +1,18 @@
-"""Backends the shared contract suite runs against. A new backend adds one branch here."""
+"""Backends the shared contract suite runs against. A new backend adds one branch here.
+
+PostgreSQL: the server named by ``IDEMCRAWL_TEST_PG_DSN`` (default: the local test database).
+Each test gets its own schema, named from its ``tmp_path`` plus a per-session salt (so a schema
+left behind by a killed run is never reused), and the schema is dropped after the test. Tests
+that need the server must never pass silently in CI: when ``CI`` is set and the server (or
+psycopg) is missing they fail; only outside CI do they skip, with the reason.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,13 +21,75 @@ import pytest
 from idemcrawl.frontier.base import Frontier
 from idemcrawl.frontier.sqlite import SQLiteFrontier
 
-BACKENDS = ["sqlite"]
+BACKENDS = ["sqlite", "postgres"]
+
+PG_DSN = os.environ.get("IDEMCRAWL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+_SESSION_SALT = uuid.uuid4().hex
+_created_schemas: set[str] = set()
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@functools.cache
+def _pg_problem() -> str | None:
+    """Why PostgreSQL tests cannot run here, or None when they can (checked once a session)."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install 'psycopg[binary]>=3.1')"
+    try:
+        with psycopg.connect(PG_DSN, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return f"PostgreSQL unreachable at {PG_DSN}: {exc}".strip()
+    return None
+
+
+def require_postgres() -> str:
+    """The test DSN; fails the test in CI, skips it elsewhere, when PostgreSQL is unusable."""
+    problem = _pg_problem()
+    if problem is not None:
+        if in_ci():
+            pytest.fail(f"CI must run the PostgreSQL tests: {problem}", pytrace=False)
+        pytest.skip(problem)
+    return PG_DSN
+
+
+def pg_schema_for(tmp_path: Path) -> str:
+    digest = hashlib.blake2b(f"{_SESSION_SALT}:{tmp_path}".encode(), digest_size=10).hexdigest()
+    return f"t_{digest}"
+
+
+def drop_pg_schema(schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    _created_schemas.discard(schema)
 
 
 def open_backend(name: str, tmp_path: Path) -> Frontier:
     if name == "sqlite":
         return SQLiteFrontier(str(tmp_path / "crawl.db"))
+    if name == "postgres":
+        dsn = require_postgres()
+        from idemcrawl.frontier.postgres import PostgresFrontier
+
+        schema = pg_schema_for(tmp_path)
+        _created_schemas.add(schema)
+        return PostgresFrontier(dsn, schema=schema)
     raise AssertionError(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_leftover_pg_schemas() -> Iterator[None]:
+    """Schemas opened through ``open_backend`` without the fixtures below are dropped here."""
+    yield
+    for schema in sorted(_created_schemas):
+        drop_pg_schema(schema)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -25,14 +98,22 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def frontier(backend_name: str, tmp_path: Path) -> Iterator[Frontier]:
+def backend_store(backend_name: str, tmp_path: Path) -> Iterator[None]:
+    """The crawl's storage; torn down after every handle on it (``frontier``, ``reopen``)."""
+    yield
+    if backend_name == "postgres" and pg_schema_for(tmp_path) in _created_schemas:
+        drop_pg_schema(pg_schema_for(tmp_path))
+
+
+@pytest.fixture
+def frontier(backend_name: str, tmp_path: Path, backend_store: None) -> Iterator[Frontier]:
     f = open_backend(backend_name, tmp_path)
     yield f
     f.close()
 
 
 @pytest.fixture
-def reopen(backend_name: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def reopen(backend_name: str, tmp_path: Path, backend_store: None):  # type: ignore[no-untyped-def]
     """Open a second handle on the same crawl (another process's view)."""
     opened: list[Frontier] = []
 

@@ -280,3 +280,32 @@ def test_partitions_are_independent(frontier: Frontier) -> None:
     assert (f0.epoch, f1.epoch) == (1, 1)
     frontier.renew_partition(f0, "A", T0 + 1, ttl=10)
     frontier.renew_partition(f1, "B", T0 + 1, ttl=10)
+
+
+def test_robots_refusals_never_lease_a_url_twice(frontier: Frontier) -> None:
+    from idemcrawl.frontier.base import RobotsFetch
+    from idemcrawl.robots import RobotsCache, RobotsSettings
+
+    policy = HostPolicy(max_in_flight=8, delay=0.0, robots=RobotsCache(RobotsSettings()))
+    batch = [
+        NewURL(f"http://a/{p}", "http://a", priority=pr)
+        for p, pr in (("a", 9), ("private/1", 8), ("private/2", 7), ("b", 1))
+    ]
+    frontier.add(batch, T0)
+    (robots,) = frontier.lease("w", 8, T0, 30, policy)
+    assert robots.url == "http://a/robots.txt"
+    body = b"User-agent: *\nDisallow: /private\n"
+    frontier.complete([Completion(robots, 200, T0, robots=RobotsFetch(200, body))], T0, policy)
+    leases = frontier.lease("w", 8, T0 + 1, 30, policy)
+    assert sorted(lease.url for lease in leases) == ["http://a/a", "http://a/b"]
+    assert frontier.stats().urls_by_state["disallowed"] == 2
+
+
+def test_stale_failure_does_not_back_off_the_host(frontier: Frontier) -> None:
+    frontier.add(urls("http://a", 1), T0)
+    (lease,) = frontier.lease("w", 1, T0, 30, FAST)
+    assert frontier.complete([Completion(lease, 200, T0)], T0, FAST) == [True]
+    late = Failure(lease, "timeout", retry_at=T0 + 5, host_error=True)
+    assert frontier.fail([late], T0 + 1, FAST) == [False]
+    frontier.add(urls("http://a", 1, start=1), T0 + 1)
+    assert len(frontier.lease("w", 1, T0 + 1, 30, FAST)) == 1  # not backing off

@@ -9,7 +9,10 @@ from .sqlite import SQLiteFrontier
 def open_frontier(db: str, *, create: bool = True) -> Frontier:
     """Open the crawl database named by ``db``: a file path (SQLite) or a server URL."""
     if db.startswith(("postgresql://", "postgres://")):
-        raise FrontierError("the PostgreSQL frontier is not available in this version")
+        # Imported here: psycopg is the optional "postgres" extra (FrontierError if missing).
+        from .postgres import PostgresFrontier
+
+        return PostgresFrontier(db, create=create)
     return SQLiteFrontier(db, create=create)
 
 

@@ -194,6 +194,8 @@ class Completion:
     latency: float | None = None
     #: For a robots.txt lease: the raw outcome, turned into host state in the same transaction.
     robots: RobotsFetch | None = None
+    #: Links the page had that discovery refused, by reason (counted with the completion).
+    rejections: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -394,25 +394,27 @@ class SQLiteFrontier:
         if take <= 0:
             return []
         picked: list[tuple[int, str, int, int, int, float]] = []
+        picked_ids: set[int] = set()
         while len(picked) < take:
-            want = take - len(picked)
+            # Rows picked in an earlier round are still 'queued' until granted: skip them.
+            limit = take + (16 if state is not None else 0)
             rows = db.execute(
                 "SELECT url_id, url, version, depth, attempts, due_at FROM urls "
                 "WHERE host_key = ? AND state = 'queued' AND due_at <= ? AND kind = 'page' "
                 "ORDER BY priority DESC, due_at LIMIT ?",
-                (h.host_key, now, want + (16 if state is not None else 0)),
+                (h.host_key, now, limit),
             ).fetchall()
-            if not rows:
-                break
             refused = []
             for r in rows:
+                if r[0] in picked_ids or len(picked) >= take:
+                    continue
                 if (
                     state is None
                     or policy.robots is None
                     or policy.robots.allowed(h.host_key, state, r[1])
                 ):
-                    if len(picked) < take:
-                        picked.append(r)
+                    picked.append(r)
+                    picked_ids.add(r[0])
                 else:
                     refused.append((f"robots.txt disallows {policy.robots.token}", r[0]))
             if refused:
@@ -420,8 +422,8 @@ class SQLiteFrontier:
                     "UPDATE urls SET state = 'disallowed', reason = ? WHERE url_id = ?", refused
                 )
                 self._bump(db, "robots_disallowed", len(refused))
-            elif len(rows) <= want:
-                break
+            if not refused or len(rows) < limit:
+                break  # nothing more was refused, or the host's queue is exhausted
         return self._grant(db, h, picked, PAGE, owner, now, expires, delay, allow)
 
     def _lease_robots(
@@ -673,6 +675,12 @@ class SQLiteFrontier:
             self._bump(db, "fetches", n_ok)
             self._bump(db, "completions_rejected", len(accepted) - n_ok)
             self._bump(db, "links_new", links_new)
+            rejected: dict[str, int] = {}
+            for c in pages:
+                for reason, n in c.rejections.items():
+                    rejected[reason] = rejected.get(reason, 0) + n
+            for reason, n in rejected.items():
+                self._bump(db, f"links_rejected_{reason}", n)
         return accepted
 
     def _store_robots(
@@ -735,6 +743,14 @@ class SQLiteFrontier:
             for f in failures:
                 ls = f.lease
                 retry_at = f.retry_at
+                current = db.execute(
+                    "SELECT 1 FROM urls WHERE url_id = ? AND state = 'leased' AND version = ? "
+                    "AND lease_token = ?",
+                    (ls.url_id, ls.version, ls.token),
+                ).fetchone()
+                if current is None:  # stale or duplicate: changes nothing (I3)
+                    accepted.append(False)
+                    continue
                 if f.host_error:
                     rest = self._host_error(db, ls.host_key, f.retry_after, now, policy)
                     if retry_at is not None:

@@ -1,0 +1,497 @@
+"""PostgreSQL-specific behaviour: migrations, schema isolation, connection loss, heavy concurrency.
+
+The shared contract suite (``test_contract.py``) already runs against this backend; these tests
+cover what only a client/server database has. They need the server named by
+``IDEMCRAWL_TEST_PG_DSN`` and fail (in CI) or skip (elsewhere) without it, see ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from idemcrawl.frontier.base import (
+    Completion,
+    FrontierError,
+    HostPolicy,
+    Lease,
+    NewURL,
+    RecordWrite,
+)
+
+from .conftest import drop_pg_schema, require_postgres
+
+T0 = 1_000_000.0
+FAST = HostPolicy(max_in_flight=8, delay=0.0)
+
+
+def _urls(host: str, n: int, start: int = 0) -> list[NewURL]:
+    return [NewURL(f"{host}/p{i}", host) for i in range(start, start + n)]
+
+
+@pytest.fixture
+def dsn() -> str:
+    return require_postgres()
+
+
+@pytest.fixture
+def new_schema(dsn: str) -> Iterator[Callable[[], str]]:
+    """Fresh schema names for a test; all of them are dropped afterwards."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = "t_" + uuid.uuid4().hex[:20]
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        drop_pg_schema(name)
+
+
+@pytest.fixture
+def admin(dsn: str) -> Iterator[Any]:
+    """A separate autocommit connection: another client of the same server."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+def _open(dsn: str, schema: str, **kw: Any) -> Any:
+    from idemcrawl.frontier.postgres import PostgresFrontier
+
+    return PostgresFrontier(dsn, schema=schema, **kw)
+
+
+def _versions(admin: Any, schema: str) -> list[int]:
+    from psycopg import sql
+
+    rows = admin.execute(
+        sql.SQL("SELECT version FROM {}.schema_version ORDER BY version").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+# -- migrations and schemas ---------------------------------------------------------------------
+
+
+def test_migrations_are_versioned_and_idempotent(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    from idemcrawl.frontier.postgres import SCHEMA_VERSION
+
+    schema = new_schema()
+    f = _open(dsn, schema)
+    assert f.migrate() == SCHEMA_VERSION
+    f.add(_urls("http://a", 2), T0)
+    f.close()
+    g = _open(dsn, schema)
+    assert g.migrate() == SCHEMA_VERSION
+    assert g.stats().urls_by_state["queued"] == 2  # reopening kept the data
+    g.close()
+    assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
+
+
+_OPEN_AT = (
+    "import sys, time\n"
+    "from idemcrawl.frontier.postgres import PostgresFrontier\n"
+    "time.sleep(max(0.0, float(sys.argv[3]) - time.time()))\n"
+    "f = PostgresFrontier(sys.argv[1], schema=sys.argv[2])\n"
+    "print(f.migrate())\n"
+    "f.close()\n"
+)
+
+
+def test_concurrent_first_open_from_four_processes(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    from idemcrawl.frontier.postgres import SCHEMA_VERSION
+
+    for _ in range(3):
+        schema = new_schema()
+        start_at = f"{time.time() + 1.0:.3f}"  # all four past their imports, then at once
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPEN_AT, dsn, schema, start_at],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outs]
+        assert [out.strip() for out, _ in outs] == [str(SCHEMA_VERSION)] * 4
+        assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_schemas_isolate_crawls(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    one, two = new_schema(), new_schema()
+    f, g = _open(dsn, one), _open(dsn, two)
+    f.add(_urls("http://a", 3), T0)
+    f.set_meta("k", "one")
+    assert g.stats().urls_by_state["queued"] == 0
+    assert g.get_meta("k") is None
+    assert g.lease("w", 5, T0, 30, FAST) == []
+    assert len(f.lease("w", 5, T0, 30, FAST)) == 3
+    f.close()
+    g.close()
+    tables = admin.execute(
+        "SELECT table_schema, count(*) FROM information_schema.tables "
+        "WHERE table_name = 'urls' AND table_schema = ANY(%s) GROUP BY 1",
+        ([one, two, "public"],),
+    ).fetchall()
+    assert dict(tables) == {one: 1, two: 1}
+
+
+def test_refuses_newer_schema(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    from psycopg import sql
+
+    from idemcrawl.frontier.postgres import SCHEMA_VERSION
+
+    schema = new_schema()
+    _open(dsn, schema).close()
+    admin.execute(
+        sql.SQL("INSERT INTO {}.schema_version (version) VALUES (%s)").format(
+            sql.Identifier(schema)
+        ),
+        (SCHEMA_VERSION + 1,),
+    )
+    with pytest.raises(FrontierError, match="newer than this idemcrawl"):
+        _open(dsn, schema)
+
+
+def test_refuses_foreign_schema_and_missing_crawl(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    from psycopg import sql
+
+    schema = new_schema()
+    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    admin.execute(sql.SQL("CREATE TABLE {}.t (x int)").format(sql.Identifier(schema)))
+    with pytest.raises(FrontierError, match="not an idemcrawl crawl"):
+        _open(dsn, schema)
+    missing = new_schema()
+    with pytest.raises(FrontierError, match="no crawl in schema"):
+        _open(dsn, missing, create=False)
+    _open(dsn, missing).close()
+    _open(dsn, missing, create=False).close()
+
+
+def test_unreachable_server_fails_fast_with_a_clear_error() -> None:
+    require_postgres()  # psycopg must be importable
+    t = time.monotonic()
+    expected = re.escape("cannot connect to PostgreSQL at 127.0.0.1:1/test")
+    with pytest.raises(FrontierError, match=expected):
+        _open("postgresql://postgres@127.0.0.1:1/test", "t_unused")
+    assert time.monotonic() - t < 10
+
+
+def test_triggers_keep_host_counts_exact(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    from psycopg import sql
+
+    schema = new_schema()
+    f = _open(dsn, schema)
+    f.add(_urls("http://a", 5) + _urls("http://b", 3), T0)
+    f.add([NewURL("http://c/x", "http://c", state="out_of_scope", reason="scope")], T0)
+    leases = f.lease("w", 4, T0, 30, FAST)
+    f.complete([Completion(leases[0], 200, T0)], T0, FAST)
+    ident = sql.Identifier(schema)
+    admin.execute(sql.SQL("DELETE FROM {}.urls WHERE url = 'http://b/p2'").format(ident))
+    rows = admin.execute(
+        sql.SQL(
+            "SELECT h.host_key, h.queued, h.in_flight, "
+            "(SELECT count(*) FROM {s}.urls u WHERE u.host_key = h.host_key "
+            "AND u.state = 'queued'), "
+            "(SELECT count(*) FROM {s}.urls u WHERE u.host_key = h.host_key "
+            "AND u.state = 'leased') FROM {s}.hosts h ORDER BY 1"
+        ).format(s=ident)
+    ).fetchall()
+    assert [r[0] for r in rows] == ["http://a", "http://b", "http://c"]
+    for host, queued, in_flight, queued_n, leased_n in rows:
+        assert (queued, in_flight) == (queued_n, leased_n), host
+    f.close()
+
+
+# -- connection loss ----------------------------------------------------------------------------
+
+
+def _page(lease: Lease, now: float, n_links: int = 2) -> Completion:
+    rec = RecordWrite.make("s", lease.url, {"url": lease.url})
+    links = [NewURL(f"{lease.url}/l{i}", lease.host_key) for i in range(n_links)]
+    return Completion(lease, 200, now, [rec], links, "h", 10)
+
+
+def test_connection_killed_between_operations_is_survived(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    f = _open(dsn, new_schema())
+    f.add(_urls("http://a", 3), T0)
+    leases = f.lease("w", 3, T0, 30, FAST)
+    assert len(leases) == 3
+    for i, lease in enumerate(leases):
+        pid = f.backend_pid
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert f.complete([_page(lease, T0 + i)], T0 + i, FAST) == [True]
+        assert f.backend_pid != pid  # it reconnected
+    admin.execute("SELECT pg_terminate_backend(%s)", (f.backend_pid,))
+    s = f.stats()
+    assert s.urls_by_state["done"] == 3
+    assert s.urls_by_state["queued"] == 6  # the links
+    assert (s.events, s.records) == (3, 3)
+    assert s.counters["fetches"] == 3
+    assert s.counters["links_new"] == 6
+    assert "completions_rejected" not in s.counters
+    p = f.progress(T0 + 5)
+    assert (p.queued, p.leased) == (6, 0)
+    f.close()
+
+
+def _kill_then(admin: Any, f: Any, real: Callable[[Any], None], *, commit_first: bool):  # type: ignore[no-untyped-def]
+    """A COMMIT that loses its connection once: before the server gets it, or after it
+    committed but before the acknowledgement arrives."""
+    import psycopg
+
+    fired: list[bool] = []
+
+    def commit(conn: Any) -> None:
+        if fired:
+            real(conn)
+            return
+        fired.append(True)
+        if commit_first:
+            real(conn)
+        admin.execute("SELECT pg_terminate_backend(%s)", (f.backend_pid,))
+        if commit_first:
+            raise psycopg.OperationalError("simulated: acknowledgement of COMMIT lost")
+        time.sleep(0.1)  # let the server end the backend before COMMIT reaches it
+        real(conn)
+
+    return commit, fired
+
+
+@pytest.mark.parametrize("commit_first", [False, True], ids=["lost-before", "ack-lost-after"])
+def test_commit_interrupted_by_connection_loss_applies_once(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, admin, monkeypatch: pytest.MonkeyPatch, commit_first: bool
+) -> None:
+    f = _open(dsn, new_schema())
+    f.add(_urls("http://a", 2), T0)
+    a, b = f.lease("w", 2, T0, 30, FAST)
+    commit, fired = _kill_then(admin, f, f._commit, commit_first=commit_first)
+    monkeypatch.setattr(f, "_commit", commit)
+    # Retried or recognised as committed, the batch is accepted and counted exactly once.
+    assert f.complete([_page(a, T0 + 1), _page(b, T0 + 1)], T0 + 1, FAST) == [True, True]
+    assert fired == [True]
+    monkeypatch.undo()
+    s = f.stats()
+    assert (s.events, s.records, s.urls_by_state["done"]) == (2, 2, 2)
+    assert s.counters["fetches"] == 2
+    assert s.counters["links_new"] == 4
+    assert "completions_rejected" not in s.counters
+    # The same for a lease: the grant is returned, not granted a second time.
+    commit, fired = _kill_then(admin, f, f._commit, commit_first=commit_first)
+    monkeypatch.setattr(f, "_commit", commit)
+    got = f.lease("w", 10, T0 + 2, 30, FAST)
+    assert fired == [True]
+    monkeypatch.undo()
+    assert len(got) == 4
+    assert f.stats().counters["leases_granted"] == 6
+    assert f.progress(T0 + 2).leased == 4
+    f.close()
+
+
+class _Proxy:
+    """A TCP relay to the server that can be switched off, to play a server outage."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._listener: socket.socket | None = None
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(16)
+        ls.settimeout(0.05)
+        self._listener = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+
+    def _accept(self, ls: socket.socket) -> None:
+        while self._listener is ls:
+            try:
+                client, _ = ls.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._socks += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        ls, self._listener = self._listener, None
+        if ls is not None:
+            ls.close()
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+@pytest.fixture
+def proxy(dsn: str) -> Iterator[_Proxy]:
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(dsn)
+    p = _Proxy((str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)))
+    p.start()
+    yield p
+    p.stop()
+
+
+def _via(dsn: str, port: int) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    params.update(host="127.0.0.1", port=str(port))
+    return make_conninfo(**params)
+
+
+def test_server_outage_is_waited_out(dsn: str, new_schema, proxy: _Proxy) -> None:  # type: ignore[no-untyped-def]
+    f = _open(_via(dsn, proxy.port), new_schema(), retry_seconds=30)
+    f.add(_urls("http://a", 1), T0)
+    (lease,) = f.lease("w", 1, T0, 30, FAST)
+    proxy.stop()  # the server "goes away": connection cut, new connections refused
+    threading.Timer(1.0, proxy.start).start()
+    t = time.monotonic()
+    assert f.complete([_page(lease, T0 + 1)], T0 + 1, FAST) == [True]
+    assert time.monotonic() - t >= 0.9
+    s = f.stats()
+    assert (s.events, s.counters["fetches"], s.counters["links_new"]) == (1, 1, 2)
+    f.close()
+
+
+def test_server_that_stays_away_raises_frontier_error(dsn: str, new_schema, proxy: _Proxy) -> None:  # type: ignore[no-untyped-def]
+    f = _open(_via(dsn, proxy.port), new_schema(), retry_seconds=1.0)
+    f.add(_urls("http://a", 1), T0)
+    proxy.stop()
+    t = time.monotonic()
+    with pytest.raises(FrontierError, match=r"kept failing .* giving up"):
+        f.stats()
+    assert time.monotonic() - t < 5
+    proxy.start()
+    assert f.stats().urls_by_state["queued"] == 1  # and it recovers once the server is back
+    f.close()
+
+
+# -- heavy concurrency --------------------------------------------------------------------------
+
+
+def test_eight_leasers_never_exceed_a_hosts_allowance(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
+    """Eight threads, each with its own connection, lease and complete until the crawl is done.
+
+    A shared tally counts what each host has out (raised after a grant commits, lowered before
+    its completion is sent, so it can only under-count); it must never pass the allowance. Each
+    completion links to other hosts' pages and to brand-new hosts, so completions also contend
+    on host rows the triggers update.
+    """
+    schema = new_schema()
+    hosts = [f"http://h{i}.test" for i in range(6)]
+    per_host = 25
+    slow = {hosts[0]: 0.01, hosts[1]: 0.01}  # a delay on two hosts: starts must be spaced too
+    setup = _open(dsn, schema)
+    for h in hosts:
+        setup.add(_urls(h, per_host), T0)
+    for h, d in slow.items():
+        setup.set_host_overrides(h, delay=d, max_in_flight=2)
+    policy = HostPolicy(max_in_flight=2, delay=0.0)
+    lock = threading.Lock()
+    out: dict[str, int] = dict.fromkeys(hosts, 0)
+    worst: dict[str, int] = dict.fromkeys(hosts, 0)
+    granted: list[Lease] = []
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        f = _open(dsn, schema)
+        try:
+            while True:
+                now = time.time()
+                leases = f.lease(name, 4, now, 60, policy)
+                with lock:
+                    for ls in leases:
+                        out[ls.host_key] += 1
+                        worst[ls.host_key] = max(worst[ls.host_key], out[ls.host_key])
+                    granted.extend(leases)
+                if not leases:
+                    if f.progress(time.time()).finished:
+                        return
+                    time.sleep(0.002)
+                    continue
+                time.sleep(0.003)  # "fetching"
+                with lock:
+                    for ls in leases:
+                        out[ls.host_key] -= 1
+                done = []
+                for ls in leases:
+                    k = int(hashlib.sha1(ls.url.encode()).hexdigest(), 16)
+                    other = hosts[k % len(hosts)]
+                    new = f"http://new{k % 7}.test"
+                    links = [
+                        NewURL(f"{other}/p{k % per_host}", other),
+                        NewURL(f"{new}/x", new, state="out_of_scope", reason="scope"),
+                    ]
+                    done.append(Completion(ls, 200, time.time(), links=links))
+                assert f.complete(done, time.time(), policy) == [True] * len(done)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            f.close()
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert all(v <= 2 for v in worst.values()), worst
+    total = len(hosts) * per_host
+    assert len(granted) == total
+    assert len({ls.url_id for ls in granted}) == total  # nobody got a URL twice
+    s = setup.stats()
+    assert s.urls_by_state["done"] == total
+    assert s.events == total
+    assert s.counters["fetches"] == s.counters["leases_granted"] == total
+    audit = setup.lease_audit()
+    assert audit["grants"] == total
+    assert audit["violations"] == 0, audit
+    report = {r["host_key"]: r for r in setup.hosts_report(time.time())}
+    assert all(r["in_flight"] == 0 and r["queued"] == 0 for r in report.values())
+    setup.close()
