@@ -299,6 +299,30 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--per-page", type=_positive_int, default=20)
     k.add_argument("--skip-naive", action="store_true")
     k.add_argument("--json", action="store_true")
+    b = sub.add_parser("bench", help="benchmarks that report figures (not tests)")
+    bsub = b.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    bf = bsub.add_parser(
+        "frontier",
+        help="lease and completion throughput of a frontier backend",
+        description="Drive a frontier backend directly (no HTTP) with politeness on (1 in "
+        "flight per host): URLs added/s, lease grants/s, completions/s (each with 1 record, "
+        "10 new links and 1 event), bytes on disk per URL and peak RSS.",
+    )
+    bf.add_argument("--db", default="sqlite", help="'sqlite' (a temp file) or a postgresql:// URL")
+    bf.add_argument("--hosts", type=_positive_int, default=1000)
+    bf.add_argument("--urls-per-host", type=_positive_int, default=20)
+    bf.add_argument("--completions", type=_positive_int, default=None)
+    bf.add_argument("--json", action="store_true")
+
+    g = sub.add_parser("db", help="crawl database administration")
+    gsub = g.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    gm = gsub.add_parser(
+        "migrate",
+        help="create or upgrade the crawl schema",
+        description="Create the crawl schema, or apply the migrations it lacks, and print the "
+        "schema version. Safe to run while crawls run and from several machines at once.",
+    )
+    gm.add_argument("--db", required=True, help="SQLite path or postgresql://…[?schema=NAME]")
     return p
 
 
@@ -605,7 +629,39 @@ def cmd_chaos(a: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    if a.bench_command == "frontier":
+        from .bench.frontier import FrontierBenchOptions, run_frontier_bench
+
+        opts = FrontierBenchOptions(
+            db=a.db, hosts=a.hosts, urls_per_host=a.urls_per_host, completions=a.completions
+        )
+        try:
+            report = run_frontier_bench(opts, log=lambda line: print(line, file=sys.stderr))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(json.dumps(report.as_dict()) if a.json else report.text())
+        return 0
+    raise UsageError(f"unknown benchmark {a.bench_command!r}")
+
+
+def cmd_db(a: argparse.Namespace) -> int:
+    f = open_frontier(a.db)
+    try:
+        version = f.migrate() if hasattr(f, "migrate") else None
+        if version is None:
+            from .frontier.sqlite import SCHEMA_VERSION
+
+            version = SCHEMA_VERSION
+    finally:
+        f.close()
+    print(f"{a.db}: schema version {version}")
+    return 0
+
+
 COMMANDS = {
+    "bench": cmd_bench,
+    "db": cmd_db,
     "crawl": cmd_crawl,
     "export": cmd_export,
     "status": cmd_status,
@@ -620,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (UsageError, InvalidURL, SpiderLoadError, FrontierError) as exc:
-        print(f"idemcrawl {args.command}: error: {exc}", file=sys.stderr)
+        print(f"idemcrawl {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"idemcrawl {args.command}: interrupted", file=sys.stderr)

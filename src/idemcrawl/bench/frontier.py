@@ -68,6 +68,17 @@ class FrontierBenchReport:
         )
 
 
+_cleanups: list[Callable[[], None]] = []
+
+
+def _drop(dsn: str, schema: str) -> None:
+    from ..frontier.postgres import PostgresFrontier
+
+    pg = PostgresFrontier(dsn, schema=schema)
+    pg.drop_schema()
+    pg.close()
+
+
 def _open(db: str, tmp: str) -> tuple[Frontier, str, Callable[[], int]]:
     if db == "sqlite":
         path = os.path.join(tmp, "bench.db")
@@ -86,6 +97,7 @@ def _open(db: str, tmp: str) -> tuple[Frontier, str, Callable[[], int]]:
 
         schema = "bench_" + uuid.uuid4().hex[:10]
         pg = PostgresFrontier(db, schema=schema)
+        _cleanups.append(lambda: _drop(db, schema))
 
         def pg_size() -> int:
             return pg.schema_bytes()
@@ -147,6 +159,8 @@ def run_frontier_bench(
             on_disk = size()
         finally:
             frontier.close()
+            while _cleanups:
+                _cleanups.pop()()
         wall = time.perf_counter() - t_start
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return FrontierBenchReport(

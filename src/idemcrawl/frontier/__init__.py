@@ -6,13 +6,30 @@ from .base import Frontier, FrontierError
 from .sqlite import SQLiteFrontier
 
 
+def split_schema(dsn: str) -> tuple[str, str | None]:
+    """Take idemcrawl's own ``schema=NAME`` query parameter out of a PostgreSQL URL.
+
+    One database can hold several crawls, one schema each (default ``idemcrawl``):
+    ``postgresql://host/db?schema=shop``. libpq does not know the parameter, so it is removed
+    before connecting.
+    """
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((v for k, v in query if k == "schema"), None)
+    rest = [(k, v) for k, v in query if k != "schema"]
+    return urlunsplit(parts._replace(query=urlencode(rest))), schema
+
+
 def open_frontier(db: str, *, create: bool = True) -> Frontier:
     """Open the crawl database named by ``db``: a file path (SQLite) or a server URL."""
     if db.startswith(("postgresql://", "postgres://")):
         # Imported here: psycopg is the optional "postgres" extra (FrontierError if missing).
         from .postgres import PostgresFrontier
 
-        return PostgresFrontier(db, create=create)
+        dsn, schema = split_schema(db)
+        return PostgresFrontier(dsn, schema=schema, create=create)
     return SQLiteFrontier(db, create=create)
 
 

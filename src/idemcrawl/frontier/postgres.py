@@ -1178,6 +1178,13 @@ class PostgresFrontier:
         tx.bump("fetches", n_ok)
         tx.bump("completions_rejected", len(accepted) - n_ok)
         tx.bump("links_new", links_new)
+        rejected: dict[str, int] = {}
+        for c, ok in zip(completions, accepted, strict=True):
+            if ok and c.lease.kind != ROBOTS:
+                for reason, n in c.rejections.items():
+                    rejected[reason] = rejected.get(reason, 0) + n
+        for reason, n in sorted(rejected.items()):
+            tx.bump(f"links_rejected_{reason}", n)
         return accepted
 
     def _store_robots(
@@ -1394,6 +1401,25 @@ class PostgresFrontier:
             return n
 
         return self._run(tx_release)
+
+    def schema_bytes(self) -> int:
+        """Bytes on disk of this crawl's tables and indexes (for ``bench frontier``)."""
+        row = self._run(
+            lambda tx: tx.cur.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind = 'r'",
+                (self.schema,),
+            ).fetchone(),
+            write=False,
+        )
+        return int(row[0]) if row else 0
+
+    def drop_schema(self) -> None:
+        """Delete this crawl (its whole schema); used by benchmarks and tests."""
+        self._run(
+            lambda tx: tx.cur.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'),
+        )
 
     def owners_with_leases(self) -> list[str]:
         rows = self._run(

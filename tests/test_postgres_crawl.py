@@ -1,0 +1,94 @@
+"""Four crawl processes sharing one PostgreSQL frontier, two of them killed and restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from idemcrawl.politeness_check import Allowance, check_log, summarize
+from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
+
+from .frontier.conftest import PG_DSN, require_postgres
+
+
+def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "idemcrawl",
+        "crawl",
+        *seeds,
+        "--db",
+        db,
+        "--config",
+        str(cfg),
+        "--spider",
+        "idemcrawl.testsite.page_spider:PageSpider",
+        "--quiet",
+    ]
+    return subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def test_four_processes_on_postgres_with_kills(tmp_path: Path) -> None:
+    require_postgres()  # skips locally without a server; fails in CI
+    import psycopg
+
+    schema = "t_crawl_" + uuid.uuid4().hex[:10]
+    db = f"{PG_DSN}?schema={schema}"
+    specs = [
+        HostSpec("a", pages=12),
+        HostSpec("b", pages=10),
+        HostSpec("c", pages=8),
+        HostSpec("d", pages=8),
+    ]
+    try:
+        with MultiHostServer(specs) as site:
+            cfg = tmp_path / "crawl.toml"
+            cfg.write_text(
+                'allow_private = ["127.0.0.1"]\ndelay = 0.2\nlease_seconds = 20\n'
+                "parse_workers = 0\n"
+            )
+            procs = [_crawl(site.seed_urls, db, cfg) for _ in range(4)]
+            time.sleep(2.5)
+            for p in procs[:2]:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            procs[:2] = [_crawl(site.seed_urls, db, cfg) for _ in range(2)]
+            for p in procs:
+                _, err = p.communicate(timeout=120)
+                assert p.returncode == 0, err.decode()
+            log = site.request_log()
+            disallowed = site.disallowed_prefixes()
+            expected = {
+                f"{base}/p/{n}": f"{spec.name}: page {n}"
+                for base, spec in zip(site.base_urls, specs, strict=True)
+                for n in range(spec.pages)
+            }
+            allowance = {base: Allowance(1, 0.2) for base in site.base_urls}
+        violations = check_log(log, allowance, disallowed_prefixes=disallowed)
+        assert violations == [], summarize(violations)
+        with psycopg.connect(PG_DSN) as con:
+            con.execute(f'SET search_path TO "{schema}"')
+            rows = con.execute("SELECT key, data FROM records").fetchall()
+            events = con.execute(
+                "SELECT count(*), count(DISTINCT (url_id, url_version)) FROM events"
+            ).fetchone()
+            done_pages = con.execute(
+                "SELECT count(*) FROM urls WHERE state = 'done' AND kind = 'page'"
+            ).fetchone()
+        titles = {k: (json.loads(d) if isinstance(d, str) else d)["title"] for k, d in rows}
+        assert titles == expected  # one correct row per page
+        assert len(rows) == len(expected)
+        assert events is not None and done_pages is not None
+        assert events[0] == events[1] == done_pages[0]  # one event per completed URL version
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as con:
+            con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
