@@ -253,3 +253,34 @@ def test_paused_partition_owner_cannot_grant_after_takeover(tmp_path: Path) -> N
     assert b.progress(time.time()).leased == 5
     a.close()
     b.close()
+
+
+def test_parser_memory_limit_fails_the_url_not_the_crawl(tmp_path: Path) -> None:
+    spider = tmp_path / "hog.py"
+    spider.write_text(
+        "import idemcrawl\n"
+        "class Hog(idemcrawl.Spider):\n"
+        "    name = 'hog'\n"
+        "    def parse(self, page):\n"
+        "        if '/product/' in page.url:\n"
+        "            hog = bytearray(1024 * 1024 * 1024)  # 1 GiB: over the cap below\n"
+        "            del hog\n"
+        "        yield from page.links()\n"
+    )
+    with ShopServer(ShopConfig(listings=1, per_page=2)) as server:
+        db = tmp_path / "c.db"
+        summary = run_crawl(
+            crawl_config(
+                db,
+                server.seed_url,
+                spider=f"{spider}:Hog",
+                parse_workers=1,
+                parse_memory_limit=600 * 1024**2,
+            )
+        )
+        product = f"{server.base_url}/product/SKU-00001"
+    assert summary.finished and summary.failed == 2
+    f = SQLiteFrontier(str(db))
+    row = f.url_row(product)
+    f.close()
+    assert row is not None and "memory limit" in row["reason"]

@@ -79,6 +79,8 @@ class CrawlConfig:
     max_bytes: int = 10 * 1024 * 1024
     #: How long a parse may take before the URL is failed and the parser process replaced.
     parse_timeout: float = 60.0
+    #: Address-space cap of each parser process (bytes); 0 = no cap.
+    parse_memory_limit: int = 2 * 1024**3
 
     def validate(self) -> None:
         problems = []

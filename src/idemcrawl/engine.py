@@ -218,7 +218,13 @@ class Engine:
             self.cfg.parse_workers,
             mp_context=ctx,
             initializer=init_worker,
-            initargs=(self._spider_spec, self._scope_hosts, self.cfg.scope, self.cfg.trap_limits()),
+            initargs=(
+                self._spider_spec,
+                self._scope_hosts,
+                self.cfg.scope,
+                self.cfg.trap_limits(),
+                self.cfg.parse_memory_limit,
+            ),
         )
         for _ in range(self.cfg.parse_workers):
             self._pool.submit(warm_up)

@@ -330,6 +330,8 @@ class Parser:
                     raise TypeError(
                         f"spider yielded {type(item).__name__}; expected Record, Link or str"
                     )
+        except MemoryError:
+            return ParseResult(error="parse error: memory limit exceeded")
         except Exception as exc:  # a spider bug must fail this URL, not the crawl
             return ParseResult(error=f"parse error: {type(exc).__name__}: {exc}"[:500])
         return result
@@ -369,10 +371,27 @@ def init_worker(
     scope_hosts: frozenset[str],
     scope: str,
     limits: TrapLimits | None = None,
+    memory_limit: int | None = None,
 ) -> None:
-    """Process-pool initializer: load the spider once per worker process."""
+    """Process-pool initializer: cap the worker's memory, load the spider once (R18).
+
+    A hostile page (or a spider bug) that makes the parser allocate without bound then fails
+    with MemoryError — that URL is failed with the reason — instead of taking the machine down.
+    """
     global _worker
+    _limit_memory(memory_limit)
     _worker = Parser(spider_spec, scope_hosts, scope, limits)
+
+
+def _limit_memory(limit: int | None) -> None:
+    if not limit:
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    if soft == resource.RLIM_INFINITY or soft > cap:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
 def parse_in_worker(job: ParseJob) -> ParseResult:
