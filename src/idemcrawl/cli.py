@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--config", help='TOML file with crawl settings and [hosts."HOST"] overrides')
     c.add_argument("--db", default=S, help="crawl database: an SQLite file path")
     c.add_argument(
+        "--sitemap",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="read this sitemap (or sitemap index, gzip allowed); repeatable",
+    )
+    c.add_argument(
         "--spider",
         default=S,
         help="FILE.py:Class or module:Class (default: follow all links, store no records)",
@@ -380,9 +387,10 @@ def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
     if "db" not in settings:
         raise UsageError('--db is required (or db = "PATH" in the config file)')
     seeds = [str(u) for u in settings.pop("seeds", [])]
-    for u in seeds:
+    sitemaps = [str(u) for u in settings.pop("sitemaps", [])] + list(a.sitemap)
+    for u in seeds + sitemaps:
         normalise(u)  # raises InvalidURL with the offending URL
-    if not seeds and not os.path.exists(str(settings["db"])):
+    if not seeds and not sitemaps and not os.path.exists(str(settings["db"])):
         raise UsageError(
             f"no seed URLs given and no crawl database at {settings['db']!r} to resume"
         )
@@ -394,7 +402,11 @@ def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
         settings["parse_workers"] = default_parse_workers()
     settings.setdefault("user_agent", "idemcrawl/" + __version__)
     cfg = CrawlConfig(
-        seeds=tuple(seeds), allow_private=allow, host_overrides=tuple(overrides), **settings
+        seeds=tuple(seeds),
+        sitemaps=tuple(sitemaps),
+        allow_private=allow,
+        host_overrides=tuple(overrides),
+        **settings,
     )
     try:
         cfg.validate()

@@ -20,6 +20,8 @@ def default_parse_workers() -> int:
 class CrawlConfig:
     db: str
     seeds: tuple[str, ...] = ()
+    #: Sitemap URLs to read (R12); their hosts join the scope like seeds'.
+    sitemaps: tuple[str, ...] = ()
     spider: str | None = None
     #: Requests in flight across all hosts (one asyncio task each).
     concurrency: int = 16
@@ -159,6 +161,7 @@ class ConfigFileError(ValueError):
 FILE_KEYS: dict[str, tuple[type, ...]] = {
     "db": (str,),
     "seeds": (list,),
+    "sitemaps": (list,),
     "spider": (str,),
     "concurrency": (int,),
     "host_concurrency": (int,),

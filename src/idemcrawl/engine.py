@@ -45,7 +45,7 @@ from . import url as urls
 from .config import CrawlConfig
 from .fetch import RETRYABLE_STATUS, Fetcher, FetchError, FetchSettings, retry_after_seconds
 from .frontier import Frontier, open_frontier
-from .frontier.base import ROBOTS, Completion, Failure, Lease, NewURL, RobotsFetch
+from .frontier.base import ROBOTS, SITEMAP, Completion, Failure, Lease, NewURL, RobotsFetch
 from .parse import ParseJob, Parser, ParseResult, init_worker, load_spider, parse_in_worker, warm_up
 
 T = TypeVar("T")
@@ -182,6 +182,9 @@ class Engine:
         for raw in self.cfg.seeds:
             u = urls.normalise(raw)
             seeds.append(NewURL(u, urls.host_key(u), priority=1))
+        for raw in self.cfg.sitemaps:
+            u = urls.normalise(raw)
+            seeds.append(NewURL(u, urls.host_key(u), priority=5, kind=SITEMAP))
         if seeds:
             await self._db(f.add_seeds, [s.host_key for s in seeds])
             await self._db(f.add, seeds, time.time())
@@ -322,7 +325,7 @@ class Engine:
                 res.headers.get("retry-after"), time.time(), self.cfg.retry_after_cap
             )
             return self._retry(lease, f"HTTP {res.status}", res.status, ra)
-        job = ParseJob(lease.url, res.status, res.headers, res.body, lease.depth)
+        job = ParseJob(lease.url, res.status, res.headers, res.body, lease.depth, lease.kind)
         result = await self._parse(job)
         if result.error:
             self._count_error("parse")

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -23,7 +24,8 @@ from typing import Any
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from . import url as urls
-from .frontier.base import NewURL, RecordWrite, canonical_json
+from .frontier.base import PAGE, SITEMAP, NewURL, RecordWrite, canonical_json
+from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
 
 
@@ -270,6 +272,7 @@ class ParseJob:
     headers: dict[str, str]
     body: bytes
     depth: int
+    kind: str = PAGE
 
 
 @dataclass(slots=True)
@@ -305,7 +308,11 @@ class Parser:
             # URL of its own and goes through the same discovery path (R14).
             loc = job.headers.get("location")
             if loc:
-                self._follow(result, loc, job.url, depth, 0)
+                self._follow(result, loc, job.url, depth, 0, job.kind)
+            return result
+        if job.kind == SITEMAP:
+            if 200 <= job.status < 300:
+                self._sitemap(result, job, depth)
             return result
         page = Page(
             job.url,
@@ -342,7 +349,28 @@ class Parser:
         canonical_json(rec.data)  # fail here, in the worker, on unserialisable data
         return RecordWrite.make(self.source, str(rec.key), rec.data)
 
-    def _follow(self, result: ParseResult, href: str, base: str, depth: int, prio: int) -> None:
+    def _sitemap(self, result: ParseResult, job: ParseJob, depth: int) -> None:
+        """Sitemap entries and child sitemaps enter through the same discovery path (R12)."""
+        parsed = parse_sitemap(job.body, base_url=job.url)
+        now = time.time()
+        for entry in parsed.urls:
+            self._follow(result, entry.url, job.url, depth, priority_for(entry, now))
+        for child in parsed.sitemaps:
+            self._follow(result, child, job.url, depth, 5, SITEMAP)
+        if parsed.invalid or parsed.cross_host:
+            _count(result.rejected, "sitemap_invalid_or_cross_host")
+        if parsed.truncated_reason:
+            _count(result.rejected, "sitemap_truncated")
+
+    def _follow(
+        self,
+        result: ParseResult,
+        href: str,
+        base: str,
+        depth: int,
+        prio: int,
+        kind: str = PAGE,
+    ) -> None:
         """The discovery path for every link: normalise, scope, trap checks (R9, R17)."""
         try:
             u = urls.normalise(href, base)
@@ -356,7 +384,7 @@ class Parser:
         if trap is not None:
             _count(result.rejected, reason_class(trap))
             return
-        result.links.append(NewURL(u, urls.host_key(u), priority=prio, depth=depth))
+        result.links.append(NewURL(u, urls.host_key(u), priority=prio, depth=depth, kind=kind))
 
 
 def _count(counts: dict[str, int], key: str) -> None:

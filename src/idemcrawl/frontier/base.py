@@ -70,9 +70,11 @@ DEFERRED = "deferred"
 STATES = (QUEUED, LEASED, DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
 TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
 
-#: URL kinds: ordinary pages, and each host's robots.txt (fetched before any page, R7).
+#: URL kinds: ordinary pages, each host's robots.txt (fetched before any page, R7), and
+#: sitemaps (R12: their entries are discovered links; they emit no index event).
 PAGE = "page"
 ROBOTS = "robots"
+SITEMAP = "sitemap"
 
 
 class FrontierError(RuntimeError):
@@ -119,6 +121,7 @@ class NewURL:
     depth: int = 0
     state: str = QUEUED
     reason: str | None = None
+    kind: str = PAGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,3 +341,22 @@ class Frontier(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def sitemap_urls(locations: Iterable[str], host_key: str) -> list[NewURL]:
+    """robots.txt ``Sitemap:`` lines that become sitemap URLs of the crawl (R12).
+
+    Only sitemaps on the robots.txt's own host are taken: a sitemap elsewhere would be fetched
+    outside the crawl's scope, and its entries could not be vouched for by this host anyway.
+    """
+    from .. import url as urls
+
+    out = []
+    for loc in locations:
+        try:
+            u = urls.normalise(loc)
+        except urls.InvalidURL:
+            continue
+        if urls.host_key(u) == host_key:
+            out.append(NewURL(u, host_key, priority=5, depth=1, kind=SITEMAP))
+    return out

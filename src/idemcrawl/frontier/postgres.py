@@ -80,6 +80,7 @@ from .base import (
     PartitionBusy,
     Progress,
     StaleEpoch,
+    sitemap_urls,
 )
 
 # The host-row shape and the "defer this host" rule are the SQLite backend's own, imported rather
@@ -312,10 +313,10 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 _HOST_COLS = ", ".join(_HostRow._fields)
 
 _INSERT_URLS = (
-    "INSERT INTO urls (url, host_key, state, reason, priority, depth, due_at, discovered_at) "
-    "SELECT u, h, s, r, p, d, %s, %s "
-    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
-    "AS l(u, h, s, r, p, d) "
+    "INSERT INTO urls (url, host_key, state, reason, priority, depth, due_at, discovered_at, "
+    "kind) SELECT u, h, s, r, p, d, %s, %s, k "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], "
+    "%s::text[]) AS l(u, h, s, r, p, d, k) "
     "ON CONFLICT (url) DO NOTHING"
 )
 
@@ -334,9 +335,9 @@ _INSERT_EVENT = (
     "ON CONFLICT (url_id, url_version) DO NOTHING"
 )
 
-_URL_PICK_COLS = "url_id, url, version, depth, attempts, due_at"
+_URL_PICK_COLS = "url_id, url, version, depth, attempts, due_at, kind"
 
-_PickedRow = tuple[int, str, int, int, int, float]
+_PickedRow = tuple[Any, ...]
 
 
 @dataclass(slots=True)
@@ -754,6 +755,7 @@ class PostgresFrontier:
                 [u.reason for u in batch],
                 [int(u.priority) for u in batch],
                 [int(u.depth) for u in batch],
+                [u.kind for u in batch],
             ),
         )
         return max(tx.cur.rowcount, 0)
@@ -899,7 +901,8 @@ class PostgresFrontier:
             # Exclude what is already picked: those rows are still 'queued' until the grant.
             rows = tx.cur.execute(
                 f"SELECT {_URL_PICK_COLS} FROM urls "
-                "WHERE host_key = %s AND state = 'queued' AND due_at <= %s AND kind = 'page' "
+                "WHERE host_key = %s AND state = 'queued' AND due_at <= %s "
+                "AND kind IN ('page', 'sitemap') "
                 "AND url_id <> ALL(%s::bigint[]) "
                 "ORDER BY priority DESC, due_at LIMIT %s FOR UPDATE SKIP LOCKED",
                 (
@@ -999,7 +1002,9 @@ class PostgresFrontier:
         if not rows:
             return []
         leases = []
-        for url_id, url, version, depth, attempts, due_at in rows:
+        for row in rows:
+            url_id, url, version, depth, attempts, due_at = row[:6]
+            row_kind = row[6] if len(row) > 6 else kind
             token = self._rng.getrandbits(62) or 1
             leases.append(
                 Lease(
@@ -1012,7 +1017,7 @@ class PostgresFrontier:
                     expires,
                     depth,
                     attempts,
-                    kind,
+                    row_kind,
                     due_at,
                 )
             )
@@ -1029,18 +1034,18 @@ class PostgresFrontier:
             cur.execute(
                 "INSERT INTO lease_log (host_key, url_id, kind, granted_at, eligible_at, "
                 "min_gap, allowance, in_flight_before) "
-                "SELECT %s, g.url_id, %s, %s, g.eligible_at, %s, %s, %s + g.n - 1 "
-                "FROM unnest(%s::bigint[], %s::float8[]) WITH ORDINALITY AS g(url_id, "
-                "eligible_at, n) ORDER BY g.n",
+                "SELECT %s, g.url_id, g.kind, %s, g.eligible_at, %s, %s, %s + g.n - 1 "
+                "FROM unnest(%s::bigint[], %s::float8[], %s::text[]) WITH ORDINALITY "
+                "AS g(url_id, eligible_at, kind, n) ORDER BY g.n",
                 (
                     h.host_key,
-                    kind,
                     now,
                     delay,
                     allow,
                     h.in_flight,
                     ids,
                     [float(ls.due_at) for ls in leases],
+                    [ls.kind for ls in leases],
                 ),
             )
             cur.execute(
@@ -1053,7 +1058,7 @@ class PostgresFrontier:
     def _defer_host(tx: _Tx, host_key: str, reason: str) -> None:
         tx.cur.execute(
             "UPDATE urls SET state = 'deferred', reason = %s "
-            "WHERE host_key = %s AND state = 'queued' AND kind = 'page'",
+            "WHERE host_key = %s AND state = 'queued' AND kind IN ('page', 'sitemap')",
             (reason, host_key),
         )
         tx.bump("urls_deferred", tx.cur.rowcount)
@@ -1156,6 +1161,8 @@ class PostgresFrontier:
                     lc = cur.connection.cursor()
                     self._insert_urls(_Tx(lc), c.links, now)
                     link_cursors.append(lc)
+                if ls.kind != PAGE:
+                    continue  # sitemaps emit no index event
                 cur.execute(
                     _INSERT_EVENT,
                     (
@@ -1232,6 +1239,9 @@ class PostgresFrontier:
             ),
         )
         tx.bump("robots_fetches", 1)
+        own = sitemap_urls(state.sitemaps, host_key)
+        if own:
+            self._insert_urls(tx, own, now)
         reason = _defer_reason(state, failures, policy)
         if reason is not None:
             self._defer_host(tx, host_key, reason)

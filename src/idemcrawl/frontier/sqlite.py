@@ -53,6 +53,7 @@ from .base import (
     PartitionBusy,
     Progress,
     StaleEpoch,
+    sitemap_urls,
 )
 
 SCHEMA_VERSION = 2
@@ -310,7 +311,10 @@ class SQLiteFrontier:
     # -- contract -------------------------------------------------------------------------------
 
     def add(self, urls: Iterable[NewURL], now: float) -> int:
-        rows = [(u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now) for u in urls]
+        rows = [
+            (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind)
+            for u in urls
+        ]
         if not rows:
             return 0
         with self._tx() as db:
@@ -321,7 +325,7 @@ class SQLiteFrontier:
         # rowcount of executemany sums sqlite3_changes(), which excludes trigger writes.
         return db.executemany(
             "INSERT OR IGNORE INTO urls(url, host_key, state, reason, priority, depth, due_at, "
-            "discovered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "discovered_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         ).rowcount
 
@@ -393,14 +397,15 @@ class SQLiteFrontier:
         take = min(room, allow - h.in_flight, 1 if delay > 0 else room)
         if take <= 0:
             return []
-        picked: list[tuple[int, str, int, int, int, float]] = []
+        picked: list[tuple[Any, ...]] = []
         picked_ids: set[int] = set()
         while len(picked) < take:
             # Rows picked in an earlier round are still 'queued' until granted: skip them.
             limit = take + (16 if state is not None else 0)
             rows = db.execute(
-                "SELECT url_id, url, version, depth, attempts, due_at FROM urls "
-                "WHERE host_key = ? AND state = 'queued' AND due_at <= ? AND kind = 'page' "
+                "SELECT url_id, url, version, depth, attempts, due_at, kind FROM urls "
+                "WHERE host_key = ? AND state = 'queued' AND due_at <= ? "
+                "AND kind IN ('page', 'sitemap') "
                 "ORDER BY priority DESC, due_at LIMIT ?",
                 (h.host_key, now, limit),
             ).fetchall()
@@ -470,7 +475,7 @@ class SQLiteFrontier:
         self,
         db: sqlite3.Connection,
         h: _HostRow,
-        rows: Sequence[tuple[int, str, int, int, int, float]],
+        rows: Sequence[tuple[Any, ...]],
         kind: str,
         owner: str,
         now: float,
@@ -483,10 +488,12 @@ class SQLiteFrontier:
         leases = []
         grants = []
         audit = []
-        for i, (url_id, url, version, depth, attempts, due_at) in enumerate(rows):
+        for i, row in enumerate(rows):
+            url_id, url, version, depth, attempts, due_at = row[:6]
+            row_kind = row[6] if len(row) > 6 else kind
             token = self._rng.getrandbits(62) or 1
             grants.append((owner, token, expires, now, url_id))
-            audit.append((h.host_key, url_id, kind, now, due_at, delay, allow, h.in_flight + i))
+            audit.append((h.host_key, url_id, row_kind, now, due_at, delay, allow, h.in_flight + i))
             leases.append(
                 Lease(
                     url_id,
@@ -498,7 +505,7 @@ class SQLiteFrontier:
                     expires,
                     depth,
                     attempts,
-                    kind,
+                    row_kind,
                     due_at,
                 )
             )
@@ -575,7 +582,7 @@ class SQLiteFrontier:
     def _defer_host(self, db: sqlite3.Connection, host_key: str, reason: str) -> None:
         n = db.execute(
             "UPDATE urls SET state = 'deferred', reason = ? "
-            "WHERE host_key = ? AND state = 'queued' AND kind = 'page'",
+            "WHERE host_key = ? AND state = 'queued' AND kind IN ('page', 'sitemap')",
             (reason, host_key),
         ).rowcount
         self._bump(db, "urls_deferred", n)
@@ -646,12 +653,13 @@ class SQLiteFrontier:
                     records,
                 )
             links = [
-                (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now)
+                (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind)
                 for c in pages
                 for u in c.links
             ]
             links_new = self._insert_urls(db, links) if links else 0
-            if pages:
+            indexed = [c for c in pages if c.lease.kind == PAGE]  # sitemaps emit no event
+            if indexed:
                 db.executemany(
                     "INSERT INTO events(url_id, url_version, url, status, fetched_at, "
                     "content_hash, records, links, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -668,7 +676,7 @@ class SQLiteFrontier:
                             len(c.links),
                             now,
                         )
-                        for c in pages
+                        for c in indexed
                     ],
                 )
             n_ok = sum(accepted)
@@ -725,6 +733,12 @@ class SQLiteFrontier:
             ),
         )
         self._bump(db, "robots_fetches", 1)
+        own = [u for u in sitemap_urls(state.sitemaps, host_key)]
+        if own:
+            self._insert_urls(
+                db,
+                [(u.url, u.host_key, u.state, None, u.priority, 1, now, now, u.kind) for u in own],
+            )
         reason = _defer_reason(state, failures, policy)
         if reason is not None:
             self._defer_host(db, host_key, reason)
