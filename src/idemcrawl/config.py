@@ -62,6 +62,9 @@ class CrawlConfig:
     max_url_length: int = 2048
     max_query_params: int = 12
     max_repeated_segment: int = 3
+    #: A URL template (digits → N, …) that mints more new URLs than this is paused and sampled.
+    template_growth_limit: int = 1000
+    template_sample_every: int = 50
     #: Parser processes; 0 parses in the main process (tests, tiny crawls).
     parse_workers: int = field(default_factory=default_parse_workers)
     #: Group commit bounds (R5): at most this many completions per transaction …
@@ -126,6 +129,8 @@ class CrawlConfig:
             max_query_params=self.max_query_params,
             max_repeated_segment=self.max_repeated_segment,
             max_depth=self.max_depth,
+            template_growth_limit=self.template_growth_limit,
+            template_sample_every=self.template_sample_every,
         )
 
     def host_policy(self) -> HostPolicy:
@@ -186,6 +191,8 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "max_url_length": (int,),
     "max_query_params": (int,),
     "max_repeated_segment": (int,),
+    "template_growth_limit": (int,),
+    "template_sample_every": (int,),
 }
 HOST_KEYS: dict[str, tuple[type, ...]] = {"delay": (int, float), "concurrency": (int,)}
 

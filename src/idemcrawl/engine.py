@@ -43,6 +43,8 @@ from aiohttp.abc import AbstractResolver
 from . import owner as owners
 from . import url as urls
 from .config import CrawlConfig
+from .discovery import META_KEY as GATE_META_KEY
+from .discovery import DiscoveryGate
 from .fetch import RETRYABLE_STATUS, Fetcher, FetchError, FetchSettings, retry_after_seconds
 from .frontier import Frontier, open_frontier
 from .frontier.base import ROBOTS, SITEMAP, Completion, Failure, Lease, NewURL, RobotsFetch
@@ -94,6 +96,8 @@ class Engine:
         self._in_flight = 0  # leases handed out by this process and not yet committed/dropped
         self._granted = 0
         self._next_reclaim = 0.0
+        self._gate: DiscoveryGate | None = None
+        self._next_gate_save = 0.0
         self._rng = random.Random()
 
     # -- helpers --------------------------------------------------------------------------------
@@ -153,6 +157,7 @@ class Engine:
                     await self._commit_q.put(None)
                     if self._progress:
                         reporter.cancel()
+            await self._save_gate()
             self.summary.stopped_by = self._stop_reason or "finished"
             self.summary.finished = not self._stop_reason
             return self.summary
@@ -188,8 +193,22 @@ class Engine:
         if seeds:
             await self._db(f.add_seeds, [s.host_key for s in seeds])
             await self._db(f.add, seeds, time.time())
+        await self._rebuild_gate()
         await self._db(f.set_meta, "group_commit_max", str(self.cfg.commit_batch))
         await self._db(f.set_meta, "group_commit_linger_s", str(self.cfg.commit_seconds))
+
+    async def _rebuild_gate(self) -> None:
+        """(Re)build the discovery Bloom filter from the frontier; restore template counts."""
+        f = self.frontier
+        known = await self._db(f.known_urls)
+        snapshot = await self._db(f.get_meta, GATE_META_KEY)
+        gate = DiscoveryGate(self.cfg.trap_limits())
+        gate.load(known, snapshot if self._gate is None else self._gate.snapshot())
+        self._gate = gate
+
+    async def _save_gate(self) -> None:
+        if self._gate is not None:
+            await self._db(self.frontier.set_meta, GATE_META_KEY, self._gate.snapshot())
 
     async def _reclaim_dead(self) -> None:
         f = self.frontier
@@ -330,19 +349,26 @@ class Engine:
         if result.error:
             self._count_error("parse")
             return Failure(lease, result.error, retry_at=None, status=res.status)
-        for reason, n in result.rejected.items():
+        assert self._gate is not None
+        links, refused = self._gate.filter(result.links)
+        if self._gate.needs_rebuild:
+            await self._rebuild_gate()
+        rejections = dict(result.rejected)
+        for reason, n in refused.items():
+            rejections[reason] = rejections.get(reason, 0) + n
+        for reason, n in rejections.items():
             self.summary.links_rejected[reason] = self.summary.links_rejected.get(reason, 0) + n
         return Completion(
             lease,
             res.status,
             time.time(),
             result.records,
-            result.links,
+            links,
             hashlib.blake2b(res.body, digest_size=16).hexdigest(),
             len(res.body),
             "truncated at max bytes" if res.truncated else None,
             latency=res.elapsed,
-            rejections=result.rejected,
+            rejections=rejections,
         )
 
     async def _fetch_robots(self, lease: Lease) -> Completion:
@@ -476,6 +502,9 @@ class Engine:
         )
         self._in_flight -= len(batch)
         self._wake.set()
+        if time.monotonic() >= self._next_gate_save:
+            self._next_gate_save = time.monotonic() + 10.0
+            await self._save_gate()
 
     async def _reporter(self, t0: float) -> None:
         assert self._progress is not None

@@ -67,8 +67,10 @@ DISALLOWED = "disallowed"
 #: Set aside for a host-level reason (Crawl-delay above the cap, robots.txt still unreachable
 #: after its retries); ``crawl --retry-deferred`` requeues them.
 DEFERRED = "deferred"
-STATES = (QUEUED, LEASED, DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
-TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED)
+#: Refused by a trap defence at discovery (template paused, budget), with the reason.
+REJECTED = "rejected"
+STATES = (QUEUED, LEASED, DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED, REJECTED)
+TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED, REJECTED)
 
 #: URL kinds: ordinary pages, each host's robots.txt (fetched before any page, R7), and
 #: sitemaps (R12: their entries are discovered links; they emit no index event).
@@ -302,6 +304,10 @@ class Frontier(Protocol):
 
     def owners_with_leases(self) -> list[str]:
         """Owner ids that currently hold leases (to find dead local processes)."""
+        ...
+
+    def known_urls(self) -> Iterable[str]:
+        """Every known URL (to rebuild the discovery Bloom filter at start)."""
         ...
 
     def progress(self, now: float) -> Progress: ...

@@ -1431,6 +1431,10 @@ class PostgresFrontier:
             lambda tx: tx.cur.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'),
         )
 
+    def known_urls(self) -> Iterable[str]:
+        rows = self._run(lambda tx: tx.cur.execute("SELECT url FROM urls").fetchall(), write=False)
+        return [r[0] for r in rows]
+
     def owners_with_leases(self) -> list[str]:
         rows = self._run(
             lambda tx: tx.cur.execute(

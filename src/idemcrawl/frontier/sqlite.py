@@ -874,6 +874,11 @@ class SQLiteFrontier:
             self._bump(db, "leases_reclaimed", n)
             return n
 
+    def known_urls(self) -> Iterable[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT url FROM urls").fetchall()
+        return [r[0] for r in rows]
+
     def owners_with_leases(self) -> list[str]:
         with self._lock:
             rows = self._db.execute(

@@ -1,0 +1,79 @@
+"""A crawl of the trap site ends on its own, cuts every trap at its limit, keeps every product."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from idemcrawl.engine import run_crawl
+from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.testsite.traps import PRODUCTS, TrapSite, product_price
+
+from .conftest import crawl_config
+
+
+@pytest.fixture
+def trap_site() -> Iterator[tuple[TrapSite, str]]:
+    site = TrapSite()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    runner = web.AppRunner(site.app())
+    base: list[str] = []
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+        base.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    ready.wait(10)
+    yield site, base[0]
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(5)
+
+
+def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_path: Path) -> None:
+    site, base = trap_site
+    db = tmp_path / "c.db"
+    summary = run_crawl(
+        crawl_config(
+            db,
+            f"{base}/",
+            spider="idemcrawl.testsite.trap_spider:TrapShopSpider",
+            concurrency=8,
+            host_concurrency=8,
+            template_growth_limit=40,
+            template_sample_every=20,
+            max_depth=60,
+            max_query_params=4,
+        )
+    )
+    assert summary.finished
+    f = SQLiteFrontier(str(db))
+    records = {r["key"]: json.loads(r["data"])["price"] for r in f.records()}
+    stats = f.stats()
+    f.close()
+    assert records == {f"T-{n:03d}": product_price(n) for n in range(1, PRODUCTS + 1)}
+    hits = site.hits
+    # Each trap family is cut: a paused template admits 1 in 20 after 40, depth stops at 60.
+    assert hits["/cal/"] <= 60 + 10
+    # All query variants of /shop count as one family: 40, then 1 in 20 of the new ones.
+    paused = stats.counters["links_rejected_template_paused"]
+    assert hits["/shop"] <= 40 + (hits["/shop"] + paused) / 20 + 5
+    assert hits["/s;"] <= 60
+    assert hits["/a/"] <= 4  # /a/, /a/a/, /a/a/a/ then the repeated-segment limit
+    assert stats.urls_by_state["rejected"] > 0
+    rejected = {k: v for k, v in stats.counters.items() if k.startswith("links_rejected_")}
+    assert rejected.get("links_rejected_template_paused", 0) > 0
+    assert rejected.get("links_rejected_repeated_segment", 0) > 0
+    assert rejected.get("links_rejected_query_params", 0) > 0
