@@ -253,7 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
         "pages), c with robots Crawl-delay 1, d whose robots.txt answers 500; the request log "
         "(host, path, start, end) of all of them is at /__log.",
     )
-    t.add_argument("--site", choices=("shop", "politeness"), default="shop")
+    t.add_argument(
+        "--site",
+        choices=("shop", "politeness", "traps"),
+        default="shop",
+        help="traps: an infinite calendar, facets, session ids, /a/a/a…, duplicate "
+        "pages and 20 real products (port --port)",
+    )
     t.add_argument("--host", default="127.0.0.1")
     t.add_argument("--port", type=_positive_int, default=8000, help="shop port (default 8000)")
     t.add_argument("--listings", type=_positive_int, default=25)
@@ -562,6 +568,14 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_testsite(a: argparse.Namespace) -> int:
+    if a.site == "traps":
+        from aiohttp import web
+
+        from .testsite.traps import TrapSite
+
+        print(f"serving trap site at http://{a.host}:{a.port}/", flush=True)
+        web.run_app(TrapSite().app(), host=a.host, port=a.port, print=None)
+        return 0
     if a.site == "politeness":
         from .testsite.multihost import default_hosts, serve_multihost
 
