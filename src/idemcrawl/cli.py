@@ -327,6 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("--completions", type=_positive_int, default=None)
     bf.add_argument("--json", action="store_true")
 
+    bd = bsub.add_parser(
+        "discovery",
+        help="links/s through the discovery path, with and without the Bloom filter",
+        description="Push N links (a fraction of them repeats) through normalisation, scope, "
+        "trap checks, the template gate and insert-if-absent into SQLite; once with the Bloom "
+        "negative cache, once looking every link up in the durable key.",
+    )
+    bd.add_argument("--urls", type=_positive_int, default=1_000_000)
+    bd.add_argument("--repeats", type=float, default=0.4)
+    bd.add_argument("--json", action="store_true")
+
     g = sub.add_parser("db", help="crawl database administration")
     gsub = g.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     gm = gsub.add_parser(
@@ -667,6 +678,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         print(json.dumps(report.as_dict()) if a.json else report.text())
+        return 0
+    if a.bench_command == "discovery":
+        from .bench.discovery import run_discovery_bench
+
+        if not 0 <= a.repeats < 1:
+            raise UsageError("--repeats must be in [0, 1)")
+        dreport = run_discovery_bench(a.urls, a.repeats)
+        print(json.dumps(dreport.as_dict()) if a.json else dreport.text())
         return 0
     raise UsageError(f"unknown benchmark {a.bench_command!r}")
 

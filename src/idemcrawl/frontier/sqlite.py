@@ -874,6 +874,19 @@ class SQLiteFrontier:
             self._bump(db, "leases_reclaimed", n)
             return n
 
+    def existing_urls(self, candidates: Sequence[str]) -> set[str]:
+        """Which of ``candidates`` are known: the durable-key look-up a Bloom filter saves."""
+        found: set[str] = set()
+        with self._lock:
+            for i in range(0, len(candidates), 900):
+                chunk = candidates[i : i + 900]
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    r[0]
+                    for r in self._db.execute(f"SELECT url FROM urls WHERE url IN ({marks})", chunk)
+                )
+        return found
+
     def known_urls(self) -> Iterable[str]:
         with self._lock:
             rows = self._db.execute("SELECT url FROM urls").fetchall()
