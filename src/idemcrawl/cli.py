@@ -338,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--repeats", type=float, default=0.4)
     bd.add_argument("--json", action="store_true")
 
+    sub.add_parser(
+        "sim",
+        help="deterministic virtual-clock simulation of the scheduler (see: idemcrawl sim --help)",
+        add_help=False,
+    )
+
     g = sub.add_parser("db", help="crawl database administration")
     gsub = g.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     gm = gsub.add_parser(
@@ -716,7 +722,20 @@ COMMANDS = {
 }
 
 
+def cmd_sim(argv: Sequence[str]) -> int:
+    from .sim import main as sim_main
+
+    return sim_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:  # the simulator owns its (many) options
+        try:
+            return cmd_sim(argv[1:])
+        except ValueError as exc:
+            print(f"idemcrawl sim: error: {exc}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
