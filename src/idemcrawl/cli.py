@@ -327,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("--completions", type=_positive_int, default=None)
     bf.add_argument("--json", action="store_true")
 
+    bsub.add_parser(
+        "crawl",
+        help="pages/s against a generated site, side by side with Scrapy and a bare crawler "
+        "(see: idemcrawl bench crawl --help)",
+        add_help=False,
+    )
     bd = bsub.add_parser(
         "discovery",
         help="links/s through the discovery path, with and without the Bloom filter",
@@ -730,6 +736,10 @@ def cmd_sim(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "crawl"]:  # the crawl benchmark owns its options too
+        from .bench.crawl import main as bench_crawl_main
+
+        return bench_crawl_main(argv[2:])
     if argv[:1] == ["sim"]:  # the simulator owns its (many) options
         try:
             return cmd_sim(argv[1:])

@@ -1,0 +1,260 @@
+"""Tests for the crawl benchmark: the generated site, both servers, the bare crawler, run_bench.
+
+Everything runs against 127.0.0.1 only; urllib goes through an opener without proxies so an
+``http_proxy`` in the environment cannot route test traffic off the machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+from selectolax.lexbor import LexborHTMLParser
+
+from idemcrawl import url as urls
+from idemcrawl.bench import crawl as bench
+from idemcrawl.bench.crawl import BenchOptions, BenchReport, BenchSpider, measure, run_bench
+from idemcrawl.bench.site import (
+    OUT_OF_SCOPE_URL,
+    SiteSpec,
+    StaticSite,
+    generate_site,
+    nginx_path,
+    page_html,
+    page_links,
+    page_url,
+)
+from idemcrawl.parse import Page, Record
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SERVERS = [
+    "aiohttp",
+    pytest.param(
+        "nginx", marks=pytest.mark.skipif(nginx_path() is None, reason="nginx not installed")
+    ),
+]
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with _OPENER.open(url, timeout=10) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def _resolve(page: str, href: str) -> str:
+    return urljoin(page, href).partition("#")[0]
+
+
+def test_generator_writes_every_page_with_reachable_links(tmp_path: Path) -> None:
+    spec = SiteSpec(hosts=3, pages=30, page_kb=6, links=12)
+    ports = [9101, 9102, 9103]
+    generate_site(spec, ports, tmp_path)
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert len(files) == spec.total_pages + spec.hosts  # pages + one robots.txt per host
+    assert (tmp_path / "h0" / "robots.txt").read_text() == "User-agent: *\nAllow: /\n"
+
+    every_page = {page_url(port, n) for port in ports for n in range(spec.pages)}
+    forms: set[str] = set()
+    cross = 0
+    for h, port in enumerate(ports):
+        edges: dict[str, list[str]] = {}
+        for n in range(spec.pages):
+            body = (tmp_path / f"h{h}" / "p" / str(n)).read_bytes()
+            assert abs(len(body) - 6 * 1024) < 300, "page size is about page_kb"
+            assert body.decode() == page_html(spec, ports, h, n), "deterministic"
+            tree = LexborHTMLParser(body)
+            assert tree.css_first("span.sku").text() == f"H{h}-P{n}"
+            assert tree.css_first("span.price") is not None
+            hrefs = [a.attributes["href"] or "" for a in tree.css("a[href]")]
+            followable = page_links(spec, ports, h, n)
+            assert len(followable) == spec.links
+            assert set(followable) <= set(hrefs)
+            assert OUT_OF_SCOPE_URL in hrefs and "#top" in hrefs
+            here = page_url(port, n)
+            targets = [_resolve(here, href) for href in followable]
+            assert set(targets) <= every_page, "every followable link is a real page"
+            cross += sum(1 for t in targets if urlsplit(t).port != port)
+            edges[here] = [t for t in targets if urlsplit(t).port == port]
+            for href in followable:
+                forms.add(
+                    "absolute" if href.startswith("http://")
+                    else "protocol-relative" if href.startswith("//")
+                    else "root-relative" if href.startswith("/")
+                    else "dot" if href.startswith(".")
+                    else "relative"
+                )  # fmt: skip
+        seen, todo = {page_url(port, 0)}, deque([page_url(port, 0)])
+        while todo:
+            for t in edges[todo.popleft()]:
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        assert len(seen) == spec.pages, f"host {h}: every page reachable from /p/0"
+    assert cross == spec.hosts * spec.pages * spec.cross_links
+    assert forms == {"absolute", "protocol-relative", "root-relative", "dot", "relative"}
+
+
+def test_spec_validation() -> None:
+    with pytest.raises(ValueError):
+        SiteSpec(links=0)
+    with pytest.raises(ValueError):
+        SiteSpec(links=3, cross_links=3)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_server_serves_pages_and_logs_requests(server: str) -> None:
+    spec = SiteSpec(hosts=2, pages=5, page_kb=2, links=4)
+    with StaticSite(spec, server=server) as site:
+        assert site.kind == server
+        assert len(site.seeds) == 2 and len(set(site.ports)) == 2
+        status, ctype, body = _get(site.seeds[0])
+        assert status == 200 and ctype.startswith("text/html")
+        assert body.decode() == page_html(spec, site.ports, 0, 0)
+        status, ctype, body = _get(site.seeds[1].replace("/p/0", "/robots.txt"))
+        assert status == 200 and ctype.startswith("text/plain") and b"Allow: /" in body
+        assert _get(site.seeds[0].replace("/p/0", "/missing"))[0] == 404
+        _get(site.seeds[0])  # a duplicate
+        stats = site.log_stats()
+        assert (stats.requests, stats.robots, stats.other) == (4, 1, 1)
+        assert (stats.page_requests, stats.unique_pages, stats.duplicates) == (2, 1, 1)
+        ports = [e.port for e in site.log_entries()]
+        assert ports == [site.ports[0], site.ports[1], site.ports[0], site.ports[0]]
+        site.reset_log()
+        assert site.log_stats().requests == 0
+        _get(site.seeds[1])
+        assert site.log_stats().unique_pages == 1
+        root = site.root
+    assert not root.exists(), "the site directory is removed on exit"
+
+
+def test_bare_crawler_crawls_tiny_site_completely() -> None:
+    spec = SiteSpec(hosts=2, pages=20)
+    with StaticSite(spec) as site:
+        r = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "bare_crawler.py"), *site.seeds],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert (out["pages"], out["items"], out["errors"]) == (40, 40, 0)
+        stats = site.log_stats()
+    assert stats.unique_pages == stats.requests == 40
+    assert stats.duplicates == 0 and stats.robots == 0
+
+
+def test_bench_spider_yields_one_record_and_the_links() -> None:
+    spec = SiteSpec(hosts=2, pages=10, page_kb=2, links=6)
+    ports = [9201, 9202]
+    here = page_url(ports[0], 3)
+    page = Page(
+        here,
+        200,
+        {"content-type": "text/html; charset=utf-8"},
+        page_html(spec, ports, 0, 3).encode(),
+        scope_hosts=frozenset(urls.host_key(page_url(p, 0)) for p in ports),
+        scope="host",
+    )
+    out = list(BenchSpider().parse(page))
+    records = [o for o in out if isinstance(o, Record)]
+    assert len(records) == 1 and records[0].key == "H0-P3" and records[0].data["price"]
+    links = [o for o in out if isinstance(o, str)]
+    expected = {_resolve(here, h) for h in page_links(spec, ports, 0, 3)} | {here}  # "#top"
+    assert set(links) == expected  # not mailto: nor the out-of-scope partner host
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreaper is Linux-only")
+def test_measure_counts_cpu_of_orphaned_descendants(tmp_path: Path) -> None:
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    parent = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {busy!r}])"
+    m = measure([sys.executable, "-c", parent], tmp_path, "orphan", timeout=30)
+    assert m.exit_code == 0 and not m.timed_out
+    assert m.user_s + m.sys_s >= 0.6, "the grandchild's CPU time is counted"
+    assert m.wall_s < 0.6, "wall time stops when the tool's main process exits"
+
+
+def test_options_validation_and_dsn_masking() -> None:
+    with pytest.raises(bench.BenchError, match="unknown"):
+        BenchOptions(compare=("wget",)).validate()
+    with pytest.raises(bench.BenchError, match="--db"):
+        BenchOptions(db="/no/such/directory").validate()
+    BenchOptions(db="postgresql://u:pw@localhost/bench", runs=2).validate()
+    opts = BenchOptions(db="postgresql://u:secret@h/b?schema=mine", compare=("bare",))
+    assert "secret" not in opts.command_line() and "u:***@h" in opts.command_line()
+    one, two = (bench._db_for(opts, Path("/x"), "r1_idemcrawl") for _ in range(2))
+    assert one.startswith("postgresql://u:secret@h/b?schema=bench_crawl_") and one != two
+    assert one.endswith("_r1_idemcrawl") and "mine" not in one
+
+
+def test_missing_scrapy_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "scrapy_available", lambda: False)
+    tools, skipped = bench.plan_tools(BenchOptions(compare=("scrapy", "bare")))
+    assert tools == ["idemcrawl", "bare"]
+    assert skipped["scrapy"].startswith("scrapy not installed")
+    report = BenchReport(BenchOptions(), "idemcrawl bench crawl", "nginx", {}, skipped=skipped)
+    assert "| scrapy | scrapy not installed" in report.text()
+
+
+def test_run_bench_tiny_site() -> None:
+    compare = ("bare", "scrapy") if bench.scrapy_available() else ("bare",)
+    opts = BenchOptions(
+        hosts=2,
+        pages=20,
+        page_kb=4,
+        links=10,
+        compare=compare,
+        runs=1,
+        benchmarks_dir=str(BENCHMARKS),
+    )
+    lines: list[str] = []
+    report = run_bench(opts, log=lines.append)
+    assert [r.tool for r in report.runs] == ["idemcrawl", *compare]
+    for r in report.runs:
+        assert r.ok, (r.tool, r.error)
+        assert (r.pages, r.page_requests, r.duplicates, r.items) == (40, 40, 0, 40), r
+        assert r.robots == (0 if r.tool == "bare" else 2), r
+        assert r.wall_s > 0 and r.cpu_s > 0 and r.peak_rss_mb and r.peak_rss_mb > 5
+    idem = report.runs[0]
+    assert idem.requests == 42  # 40 pages + one robots.txt per host, nothing else
+    if importlib.util.find_spec("psutil") is not None:
+        assert idem.rss_source == "tree"
+        assert idem.processes >= 2, "parser worker processes are part of the measured tree"
+    summary = report.summary("idemcrawl")
+    assert summary["complete"] and summary["duplicates"] == 0 and summary["pages"] == 40
+    ratios = report.ratios()
+    assert set(ratios) == {f"idemcrawl/{c}" for c in compare}
+    assert all(v is not None for v in ratios["idemcrawl/bare"].values())
+    text = report.text()
+    assert text.startswith("Command: `idemcrawl bench crawl --hosts 2 --pages 20")
+    assert "| idemcrawl | " in text and "| idemcrawl/bare |" in text
+    data = json.loads(json.dumps(report.as_dict()))
+    assert data["tools"]["idemcrawl"]["pages"] == 40 and data["expected_pages"] == 40
+    assert len(lines) == 1 + len(report.runs)
+
+
+def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run() -> None:
+    from tests.frontier.conftest import PG_DSN, require_postgres
+
+    require_postgres()
+    import psycopg
+
+    opts = BenchOptions(hosts=1, pages=10, page_kb=2, links=4, db=PG_DSN, compare=(), runs=2)
+    report = run_bench(opts)
+    assert [(r.ok, r.pages, r.robots, r.items) for r in report.runs] == [(True, 10, 1, 10)] * 2
+    with psycopg.connect(PG_DSN) as con:
+        left = con.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_crawl_%'"
+        ).fetchone()
+    assert left == (0,), "each run's schema is dropped after the run"
