@@ -581,7 +581,9 @@ class SQLiteFrontier:
 
     def _defer_host(self, db: sqlite3.Connection, host_key: str, reason: str) -> None:
         n = db.execute(
-            "UPDATE urls SET state = 'deferred', reason = ? "
+            # INDEXED BY: the planner otherwise picks the low-selectivity state index and scans
+            # every queued URL of the crawl (365 ms at 1.1M queued, vs 0.13 ms).
+            "UPDATE urls INDEXED BY urls_queue SET state = 'deferred', reason = ? "
             "WHERE host_key = ? AND state = 'queued' AND kind IN ('page', 'sitemap')",
             (reason, host_key),
         ).rowcount
@@ -857,8 +859,9 @@ class SQLiteFrontier:
 
     def _expire(self, db: sqlite3.Connection, now: float) -> int:
         n = db.execute(
-            "UPDATE urls SET state = 'queued', due_at = ?, lease_owner = NULL, lease_token = NULL, "
-            "lease_expires_at = NULL WHERE state = 'leased' AND lease_expires_at <= ?",
+            "UPDATE urls INDEXED BY urls_leases SET state = 'queued', due_at = ?, "
+            "lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL "
+            "WHERE state = 'leased' AND lease_expires_at <= ?",
             (now, now),
         ).rowcount
         self._bump(db, "lease_expiries", n)
