@@ -309,3 +309,13 @@ def test_stale_failure_does_not_back_off_the_host(frontier: Frontier) -> None:
     assert frontier.fail([late], T0 + 1, FAST) == [False]
     frontier.add(urls("http://a", 1, start=1), T0 + 1)
     assert len(frontier.lease("w", 1, T0 + 1, 30, FAST)) == 1  # not backing off
+
+
+def test_hosts_with_only_future_retries_do_not_starve_ready_hosts(frontier: Frontier) -> None:
+    # 40 hosts whose only URL failed and waits for its retry, at the head of the ready order.
+    frontier.add([NewURL(f"http://r{i}/x", f"http://r{i}") for i in range(40)], T0)
+    leases = frontier.lease("w", 40, T0, 30, FAST)
+    frontier.fail([Failure(ls, "timeout", retry_at=T0 + 600) for ls in leases], T0, FAST)
+    frontier.add([NewURL("http://ready/b", "http://ready")], T0 + 1)
+    (lease,) = frontier.lease("w", 1, T0 + 2, 30, FAST)
+    assert lease.url == "http://ready/b"

@@ -17,14 +17,15 @@ def _open_close(path: str) -> None:
 
 
 def test_concurrent_first_open_migrates_once(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
-    for k in range(5):
+    # spawn, not fork: forking a multi-threaded test process can inherit a held lock.
+    ctx = multiprocessing.get_context("spawn")
+    for k in range(3):
         path = str(tmp_path / f"c{k}.db")
         procs = [ctx.Process(target=_open_close, args=(path,)) for _ in range(4)]
         for p in procs:
             p.start()
         for p in procs:
-            p.join(30)
+            p.join(60)
         assert [p.exitcode for p in procs] == [0, 0, 0, 0]
         con = sqlite3.connect(path)
         assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

@@ -784,8 +784,11 @@ class PostgresFrontier:
                 "AND backoff_until <= %s AND paused = 0 "
                 "AND in_flight < GREATEST(1, COALESCE(max_in_flight, %s::int) "
                 ">> LEAST(error_streak, %s::int)) "
+                # Only hosts with something due (see sqlite.py: no head-of-line starvation).
+                "AND EXISTS (SELECT 1 FROM urls u WHERE u.host_key = hosts.host_key "
+                "AND u.state = 'queued' AND u.due_at <= %s) "
                 "ORDER BY next_allowed_at LIMIT %s FOR UPDATE SKIP LOCKED",
-                (now, now, policy.max_in_flight, MAX_STREAK_SHIFT, limit * 2 + 8),
+                (now, now, policy.max_in_flight, MAX_STREAK_SHIFT, now, limit * 2 + 8),
             ).fetchall()
             leases: list[Lease] = []
             expires = now + lease_seconds

@@ -348,8 +348,12 @@ class SQLiteFrontier:
                 f"SELECT {_HOST_COLS} FROM hosts WHERE queued > 0 AND next_allowed_at <= ? "
                 "AND backoff_until <= ? AND paused = 0 "
                 "AND in_flight < MAX(1, COALESCE(max_in_flight, ?) >> MIN(error_streak, ?)) "
+                # Only hosts with something due: a host holding only not-yet-due retries would
+                # otherwise sit at the head of the window and starve ready hosts behind it.
+                "AND EXISTS (SELECT 1 FROM urls u WHERE u.host_key = hosts.host_key "
+                "AND u.state = 'queued' AND u.due_at <= ?) "
                 "ORDER BY next_allowed_at LIMIT ?",
-                (now, now, policy.max_in_flight, MAX_STREAK_SHIFT, limit * 2 + 8),
+                (now, now, policy.max_in_flight, MAX_STREAK_SHIFT, now, limit * 2 + 8),
             ).fetchall()
             leases: list[Lease] = []
             expires = now + lease_seconds
