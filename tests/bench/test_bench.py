@@ -258,3 +258,46 @@ def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run() -> None:
             "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_crawl_%'"
         ).fetchone()
     assert left == (0,), "each run's schema is dropped after the run"
+
+
+def _run(tool: str, rnd: int, **kw: object) -> bench.RunResult:
+    base: dict[str, object] = dict(
+        tool=tool,
+        round=rnd,
+        ok=True,
+        error=None,
+        wall_s=10.0,
+        cpu_user_s=8.0,
+        cpu_sys_s=1.0,
+        peak_rss_mb=100.0,
+        rss_source="tree",
+        processes=1,
+        pages=40,
+        page_requests=40,
+        robots=2,
+        requests=42,
+        duplicates=0,
+        items=40,
+        exit_code=0,
+        other_cpu_s=0.5,
+    )
+    base.update(kw)
+    return bench.RunResult(**base)  # type: ignore[arg-type]
+
+
+def test_report_medians_ratios_and_warnings() -> None:
+    opts = BenchOptions(hosts=2, pages=20, compare=("bare",), runs=2)
+    report = BenchReport(opts, "idemcrawl bench crawl", "aiohttp", {"CPUs": "2"})
+    report.runs = [
+        _run("idemcrawl", 1, wall_s=4.0, source="aaa"),
+        _run("bare", 1, wall_s=1.0, other_cpu_s=0.1),
+        _run("idemcrawl", 2, wall_s=8.0, source="bbb", other_cpu_s=7.0),
+        _run("bare", 2, wall_s=1.0, duplicates=3, other_cpu_s=None),
+    ]
+    assert report.summary("idemcrawl")["pages_per_s"] == pytest.approx((10 + 5) / 2)
+    assert report.summary("bare")["duplicates"] == 3
+    assert report.ratio("bare", "pages_per_s") == pytest.approx((0.25 + 0.125) / 2)
+    text = report.text()
+    assert "aaa in round 1, bbb in round 2" in text
+    assert "busy during 1 of 3 runs" in text  # one run could not be measured
+    assert "| idemcrawl/bare | 0.19x |" in text

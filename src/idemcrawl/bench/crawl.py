@@ -16,6 +16,9 @@ up over the benchmark affects every tool alike. What is reported comes from outs
   largest single process's ``ru_maxrss``.
 * pages fetched and duplicate fetches from the server's access log: a duplicate is a request
   for a port+URI already requested in the same run.
+* "other CPU": what the rest of the machine (web server, this process, anyone else) used while
+  the tool ran, from ``/proc/stat`` in the launcher. On a shared machine it says which wall
+  times to distrust; the report warns when it exceeds a quarter of a CPU.
 
 Wall time includes interpreter start-up and imports for every tool, which matters only for tiny
 sites. idemcrawl gets a fresh SQLite file per run (or a PostgreSQL database per run, see
@@ -28,6 +31,7 @@ import argparse
 import contextlib
 import ctypes
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -262,12 +266,15 @@ class BenchReport:
         }
 
     def _warnings(self) -> list[str]:
-        sources = list(dict.fromkeys(r.source for r in self.runs if r.source))
+        rounds: dict[str, list[str]] = {}
+        for r in self.runs:
+            if r.source:
+                rounds.setdefault(r.source, []).append(str(r.round))
         notes = []
-        if len(sources) > 1:
+        if len(rounds) > 1:
             notes.append(
-                "**Warning:** idemcrawl's source changed during the benchmark (fingerprints "
-                + ", ".join(sources)
+                "**Warning:** idemcrawl's crawl code changed during the benchmark ("
+                + ", ".join(f"{fp} in round {', '.join(rs)}" for fp, rs in rounds.items())
                 + "): its rounds measured different code."
             )
         elapsed = [r for r in self.runs if r.ok and r.other_cpu_s is not None and r.wall_s > 0]
@@ -319,7 +326,7 @@ class BenchReport:
             f"in flight, {HOST_CONCURRENCY} per host, no delay; idemcrawl and Scrapy obey "
             "robots.txt, the bare crawler does not fetch it.",
             "",
-            "Machine: " + ", ".join(f"{k} {v}" for k, v in env.items()) + ".",
+            "Machine: " + (", ".join(f"{k} {v}" for k, v in env.items()) or "unknown") + ".",
             "",
             f"{o.runs} round(s), tools interleaved within each round; medians over rounds; "
             f"benchmark wall time {self.seconds / 60:.1f} min.",
@@ -429,6 +436,7 @@ def _launch_main(argv: Sequence[str]) -> int:
     cmd = list(argv[3:])
     subreaper = _set_subreaper()
     timed_out = threading.Event()
+    busy_start = machine_busy_seconds()
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, start_new_session=True)
 
@@ -441,10 +449,13 @@ def _launch_main(argv: Sequence[str]) -> int:
     timer.start()
     _, status, _ = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
+    busy_end = machine_busy_seconds()
     proc.returncode = os.waitstatus_to_exitcode(status)
     # Reap every re-parented descendant (idemcrawl's forkserver exits once it sees its parent
     # gone); their CPU time joins RUSAGE_CHILDREN only when they are waited for.
-    deadline = time.monotonic() + 15.0
+    # A descendant that outlives that (one that left the tool's process group) is killed with
+    # the group, and if even that does not end it the launcher stops waiting rather than hang.
+    deadline, killed = time.monotonic() + 15.0, False
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -452,8 +463,10 @@ def _launch_main(argv: Sequence[str]) -> int:
             break
         if pid == 0:
             if time.monotonic() > deadline:
+                if killed:
+                    break
                 _killpg(proc.pid)
-                deadline = time.monotonic() + 5.0
+                deadline, killed = time.monotonic() + 5.0, True
             time.sleep(0.01)
     timer.cancel()
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -465,6 +478,9 @@ def _launch_main(argv: Sequence[str]) -> int:
         "maxrss_kb": ru.ru_maxrss,
         "subreaper": subreaper,
         "timed_out": timed_out.is_set(),
+        "machine_busy_s": (
+            None if busy_start is None or busy_end is None else busy_end - busy_start
+        ),
     }
     Path(out).write_text(json.dumps(result), encoding="utf-8")
     return 0
@@ -520,6 +536,16 @@ class _Measured:
     timed_out: bool
     stdout: str
     stderr: str
+    #: CPU seconds the whole machine was busy between the tool's start and its exit.
+    machine_busy_s: float | None = None
+
+    @property
+    def other_cpu_s(self) -> float | None:
+        """What the rest of the machine used while the tool ran (the tool's CPU time after its
+        main process exited, when its pool shuts down, makes this a slight underestimate)."""
+        if self.machine_busy_s is None:
+            return None
+        return max(0.0, self.machine_busy_s - self.user_s - self.sys_s)
 
 
 def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Measured:
@@ -578,25 +604,43 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
         timed_out=data["timed_out"],
         stdout=stdout,
         stderr=stderr,
+        machine_busy_s=data.get("machine_busy_s"),
     )
 
 
 # -- the benchmark ------------------------------------------------------------------------------
 
 
-def source_fingerprint() -> str:
-    """A short hash of idemcrawl's own source files (bench/ excluded), taken before each run.
+def crawl_source_files() -> list[Path]:
+    """The idemcrawl modules a ``crawl`` process loads: the CLI, the engine and their imports.
+
+    ``bench/`` is left out (the benchmark's own code), and so is everything a crawl does not
+    import (the simulator, the test sites), so that a change there does not make the rounds of
+    a report look incomparable. Call once per benchmark: ``sys.modules`` only grows.
+    """
+    importlib.import_module("idemcrawl.cli")
+    importlib.import_module("idemcrawl.engine")
+    files = set()
+    for name, module in list(sys.modules.items()):
+        if name != "idemcrawl" and not name.startswith("idemcrawl."):
+            continue
+        if name.startswith("idemcrawl.bench"):
+            continue
+        path = getattr(module, "__file__", None)
+        if path:
+            files.add(Path(path).resolve())
+    return sorted(files)
+
+
+def source_fingerprint(files: Sequence[Path]) -> str:
+    """A short hash of ``files`` as they are now on disk, taken before each idemcrawl run.
 
     The benchmark can run for half an hour in a checkout others are editing; different
     fingerprints in one report mean its rounds measured different code.
     """
-    pkg = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted(pkg.rglob("*.py")):
-        rel = path.relative_to(pkg).as_posix()
-        if rel.startswith("bench/"):
-            continue
-        digest.update(rel.encode() + b"\0")
+    for path in files:
+        digest.update(str(path).encode() + b"\0")
         with contextlib.suppress(OSError):
             digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
@@ -745,20 +789,31 @@ def environment(server: str) -> dict[str, str]:
 
 
 def _git_commit() -> str | None:
-    """The checkout's commit, read-only (no index refresh), when run from a checkout."""
+    """The checkout's commit, plus whether idemcrawl's sources differ from it.
+
+    Read-only: ``GIT_OPTIONAL_LOCKS=0`` keeps ``git diff`` from refreshing the index. Without
+    the "modified" note a report would pin code that was not what ran.
+    """
     repo = Path(__file__).resolve().parents[3]
     if not (repo / ".git").exists():
         return None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        r = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args],
             capture_output=True,
             text=True,
-            timeout=5,
+            timeout=10,
             env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
         )
-        if r.returncode == 0:
-            return r.stdout.strip()
+
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("diff", "--quiet", "HEAD", "--", "src/idemcrawl", ":!src/idemcrawl/bench")
+        note = " (idemcrawl sources modified)" if dirty.returncode == 1 else ""
+        return head.stdout.strip() + note
     return None
 
 
@@ -773,6 +828,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] | None = None) -> B
         say(f"skipping {tool}: {why}")
     spec = SiteSpec(hosts=opts.hosts, pages=opts.pages, page_kb=opts.page_kb, links=opts.links)
     started = time.perf_counter()
+    sources = crawl_source_files()
     with (
         tempfile.TemporaryDirectory(prefix="idemcrawl-bench-", dir=opts.workdir) as tmp,
         StaticSite(spec, server=opts.server, workdir=opts.workdir) as site,
@@ -782,7 +838,10 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] | None = None) -> B
             options=opts,
             command=opts.command_line(),
             server=site.kind,
-            environment=environment(site.kind),
+            environment={
+                **environment(site.kind),
+                "crawl code": source_fingerprint(sources),
+            },
             skipped=skipped,
         )
         say(f"site: {spec.total_pages} pages on {spec.hosts} hosts, served by {site.kind}")
@@ -792,11 +851,9 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] | None = None) -> B
                 db = _db_for(opts, scratch, run_id)
                 items_out = scratch / f"{run_id}.items.jsonl"
                 cmd = tool_command(tool, site.seeds, opts, db, items_out)
-                source = source_fingerprint()
+                source = source_fingerprint(sources)
                 site.reset_log()
-                busy_before = machine_busy_seconds()
                 m = measure(cmd, scratch, run_id, opts.timeout)
-                busy_after = machine_busy_seconds()
                 stats = site.log_stats()
                 if _is_dsn(db):
                     try:
@@ -827,11 +884,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] | None = None) -> B
                     duplicates=stats.duplicates,
                     items=_items(tool, m.stdout),
                     exit_code=m.exit_code,
-                    other_cpu_s=(
-                        None
-                        if busy_before is None or busy_after is None
-                        else max(0.0, busy_after - busy_before - m.user_s - m.sys_s)
-                    ),
+                    other_cpu_s=m.other_cpu_s,
                     source=source if tool == "idemcrawl" else None,
                 )
                 report.runs.append(result)
@@ -862,7 +915,7 @@ def add_bench_crawl_arguments(p: argparse.ArgumentParser) -> None:
         "--db",
         default="sqlite",
         help="idemcrawl's database: 'sqlite' (fresh temp file per run), a directory for those "
-        "files, or a PostgreSQL DSN containing {run} (one fresh database per run)",
+        "files, or a postgresql:// URL (a fresh schema per run, dropped afterwards)",
     )
     p.add_argument(
         "--compare",
