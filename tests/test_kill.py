@@ -7,38 +7,15 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from idemcrawl.chaos import idem_crawl_command
 from idemcrawl.testsite import ShopConfig, ShopServer, expected_products
-
-from .conftest import SHOP_SPIDER
 
 
 def _crawl_cmd(seed: str, db: Path, concurrency: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "idemcrawl",
-        "crawl",
-        seed,
-        "--db",
-        str(db),
-        "--spider",
-        SHOP_SPIDER,
-        "--concurrency",
-        str(concurrency),
-        "--host-concurrency",
-        str(concurrency),
-        "--delay",
-        "0",
-        "--latency-factor",
-        "0",
-        "--allow-private",
-        "127.0.0.1",
-        "--quiet",
-    ]
+    return idem_crawl_command(seed, str(db), concurrency)
 
 
 def _kill_after_requests(server: ShopServer, cmd: list[str], n: int) -> int:

@@ -199,7 +199,8 @@ def _leased_now(db: str) -> int:
         con.close()
 
 
-def _idem_cmd(seed_url: str, db: str, concurrency: int) -> list[str]:
+def idem_crawl_command(seed_url: str, db: str, concurrency: int) -> list[str]:
+    """The shop crawl the kill test runs: no delay, all slots on the one host (reused by tests)."""
     return [
         sys.executable,
         "-m",
@@ -245,7 +246,7 @@ def _one_run(
             cmd = (
                 _naive_cmd(server.seed_url, db)
                 if crawler == "naive"
-                else _idem_cmd(server.seed_url, db, conc)
+                else idem_crawl_command(server.seed_url, db, conc)
             )
             res.concurrencies.append(conc)
             before = int(server.stats()["total"])  # type: ignore[call-overload]
