@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
@@ -26,6 +27,7 @@ from .config import (
 from .fetch import parse_allow_list
 from .frontier import FrontierError, open_frontier
 from .parse import SpiderLoadError
+from .recrawl import PinError, parse_pin
 from .url import InvalidURL, normalise
 
 
@@ -40,6 +42,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
     return value
 
 
@@ -227,8 +239,114 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST=N",
         help="per-host requests in flight",
     )
+    c.add_argument(
+        "--host-budget",
+        action="append",
+        default=[],
+        metavar="HOST=N",
+        help="per-host fetches per UTC day (overrides --daily-budget)",
+    )
+    c.add_argument(
+        "--daily-budget",
+        type=_positive_int,
+        default=S,
+        help="trap defence: fetches per host per UTC day; hosts over it are deferred",
+    )
+    c.add_argument(
+        "--max-redirects",
+        type=_non_negative_int,
+        default=S,
+        help="redirect hops followed from one URL, each a URL of its own (default 5)",
+    )
+    c.add_argument(
+        "--max-bytes",
+        type=_positive_int,
+        default=S,
+        help="bytes received per response before it is cut (default 10 MiB)",
+    )
+    c.add_argument(
+        "--max-decompressed-bytes",
+        type=_positive_int,
+        default=S,
+        help="decompressed bytes kept per response; bombs stop here (default 10 MiB)",
+    )
+    for name, what in (
+        ("connect-timeout", "connect (default 10)"),
+        ("read-timeout", "between two reads (default 20)"),
+        ("total-timeout", "for a whole response; slow senders are cut (default 60)"),
+    ):
+        c.add_argument(f"--{name}", type=_seconds, default=S, help=f"seconds {what}")
+    c.add_argument(
+        "--recrawl",
+        action="store_true",
+        default=S,
+        help="keep running and revisit URLs when they are due (conditional requests)",
+    )
+    c.add_argument(
+        "--recrawl-min",
+        type=_seconds,
+        default=S,
+        help="shortest revisit interval in seconds (default 86400)",
+    )
+    c.add_argument(
+        "--recrawl-max",
+        type=_seconds,
+        default=S,
+        help="longest revisit interval in seconds (default 2592000)",
+    )
+    c.add_argument(
+        "--tombstone-interval",
+        type=_seconds,
+        default=S,
+        help="seconds before a 404/410 is checked again (default: --recrawl-max)",
+    )
+    c.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="REGEX=SECONDS",
+        help="URLs matching REGEX are revisited every SECONDS; repeatable",
+    )
+    c.add_argument(
+        "--warc-dir",
+        default=S,
+        help="directory for WARC files (default: DB path + '.warc')",
+    )
+    c.add_argument(
+        "--no-warc",
+        dest="warc",
+        action="store_false",
+        default=S,
+        help="do not archive exchanges (reparse then has nothing to read)",
+    )
+    c.add_argument(
+        "--metrics-port",
+        type=_non_negative_int,
+        default=S,
+        help="serve Prometheus metrics on 127.0.0.1:PORT while crawling",
+    )
     c.add_argument("--json", action="store_true", help="print the run summary as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    ctl = sub.add_parser(
+        "control",
+        help="pause/resume/block hosts, change a delay, add URLs — live, across processes",
+        description="Change a running crawl through its database: every crawl process "
+        "sharing it obeys at its next lease (within a second or two). Without HOST, pause and "
+        "resume act on the whole crawl.",
+    )
+    ctl.add_argument("--db", required=True)
+    ctl.add_argument(
+        "action",
+        choices=("pause", "resume", "block", "unblock", "set-delay", "set-budget", "add"),
+    )
+    ctl.add_argument(
+        "args",
+        nargs="*",
+        metavar="ARG",
+        help="pause/resume [HOST]; block/unblock HOST; set-delay HOST SECONDS; "
+        "set-budget HOST N; add URL…",
+    )
 
     e = sub.add_parser(
         "export",
@@ -372,13 +490,17 @@ def _output(path: str) -> Iterator[TextIO]:
 
 
 def _merge_host_flags(
-    overrides: list[tuple[str, float | None, int | None]], delays: list[str], maxes: list[str]
+    overrides: list[tuple[str, float | None, int | None]],
+    delays: list[str],
+    maxes: list[str],
+    *,
+    max_flag: str = "--host-max",
 ) -> list[tuple[str, float | None, int | None]]:
     """Fold --host-delay / --host-max into the config file's per-host overrides (flags win)."""
     from .config import host_keys_for
 
     table: dict[str, list[float | int | None]] = {h: [d, m] for h, d, m in overrides}
-    for flag, items, slot in (("--host-delay", delays, 0), ("--host-max", maxes, 1)):
+    for flag, items, slot in (("--host-delay", delays, 0), (max_flag, maxes, 1)):
         for item in items:
             host, sep, value = item.rpartition("=")
             if not sep or not host:
@@ -411,6 +533,16 @@ def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
     given = {k: v for k, v in vars(a).items() if k in FILE_KEYS}
     settings.update(given)
     overrides = _merge_host_flags(overrides, a.host_delay, a.host_max)
+    budgets: dict[str, int] = dict(settings.pop("host_budgets", []))
+    for hk, _, n in _merge_host_flags([], [], a.host_budget, max_flag="--host-budget"):
+        if n is not None:
+            budgets[hk] = int(n)
+    pins_text = [str(x) for x in settings.pop("pins", [])]
+    pins_text += [str(x) for x in settings.pop("host_pins", [])] + list(a.pin)
+    try:
+        pins = tuple(parse_pin(x) for x in pins_text)
+    except PinError as exc:
+        raise UsageError(str(exc)) from None
     if a.urls:
         settings["seeds"] = list(a.urls)
     if "db" not in settings:
@@ -435,6 +567,8 @@ def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
         sitemaps=tuple(sitemaps),
         allow_private=allow,
         host_overrides=tuple(overrides),
+        host_budgets=tuple(budgets.items()),
+        pins=pins,
         **settings,
     )
     try:
@@ -459,6 +593,56 @@ def cmd_crawl(a: argparse.Namespace) -> int:
             f"{summary.seconds:.1f} s"
         )
     return 0
+
+
+def cmd_control(a: argparse.Namespace) -> int:
+    """Live control through the frontier, so it reaches every process on every machine."""
+    from .config import host_keys_for
+    from .frontier.base import NewURL
+    from .url import host_key
+
+    action, args = a.action, list(a.args)
+    f = _open_existing(a.db)
+    try:
+        if action == "add":
+            if not args:
+                raise UsageError("control add needs at least one URL")
+            new = []
+            for raw in args:
+                u = normalise(raw)
+                new.append(NewURL(u, host_key(u), priority=1))
+            f.add_seeds([n.host_key for n in new])
+            n = f.add(new, time.time())
+            print(f"added {n} new URL(s) of {len(new)}")
+            return 0
+        wants_value = action in ("set-delay", "set-budget")
+        if action in ("pause", "resume") and not args:
+            f.control(action, None)
+            print(f"{action}d the whole crawl")
+            return 0
+        if len(args) != (2 if wants_value else 1):
+            shape = "HOST SECONDS" if action == "set-delay" else "HOST N" if wants_value else "HOST"
+            raise UsageError(f"control {action} takes {shape}")
+        try:
+            keys = host_keys_for(args[0])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        value: Any = None
+        if wants_value:
+            try:
+                value = float(args[1]) if action == "set-delay" else int(args[1])
+            except ValueError:
+                raise UsageError(f"control {action}: {args[1]!r} is not a number") from None
+            if value < 0 or (action == "set-budget" and value < 1):
+                raise UsageError(f"control {action}: {args[1]!r} is out of range")
+        for hk in keys:
+            f.control(action, hk, value)
+        print(f"{action} {', '.join(keys)}" + ("" if value is None else f" = {value}"))
+        return 0
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        f.close()
 
 
 def _open_existing(db: str) -> Any:
@@ -725,6 +909,7 @@ COMMANDS = {
     "testsite": cmd_testsite,
     "demo": cmd_demo,
     "chaos": cmd_chaos,
+    "control": cmd_control,
 }
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .fetch import IPNetwork
 from .frontier.base import HostPolicy
+from .recrawl import RecrawlPolicy
 from .robots import RobotsCache, RobotsSettings
 from .traps import TrapLimits
 
@@ -86,6 +87,32 @@ class CrawlConfig:
     parse_timeout: float = 60.0
     #: Address-space cap of each parser process (bytes); 0 = no cap.
     parse_memory_limit: int = 2 * 1024**3
+    #: Decompressed bytes kept of one response (gzip/deflate/br/zstd bombs stop here, R17).
+    max_decompressed_bytes: int = 10 * 1024 * 1024
+    #: Redirect hops followed from one URL (R14); each hop is a URL of its own.
+    max_redirects: int = 5
+    #: Per-host fetch budget per UTC day (R17); None = unlimited. Hosts over it are deferred.
+    daily_budget: int | None = None
+    #: Per-host budgets that override ``daily_budget``: (host_key, fetches per day).
+    host_budgets: tuple[tuple[str, int], ...] = ()
+    #: Keep running and revisit URLs when their ``next_fetch_at`` comes (R16). Without it a
+    #: crawl ends when nothing is queued.
+    recrawl: bool = False
+    #: Revisit interval bounds (R16): changed pages halve it, unchanged double it.
+    recrawl_min: float = 86_400.0
+    recrawl_max: float = 30 * 86_400.0
+    #: 404/410 tombstones are checked again after this long (None: recrawl_max) (R15).
+    tombstone_interval: float | None = None
+    #: (regex, seconds): URLs matching a pin keep that fixed revisit interval.
+    pins: tuple[tuple[str, float], ...] = ()
+    #: Near-duplicate threshold (R11): SimHash Hamming distance at most this (0-3).
+    near_dup_distance: int = 3
+    #: Archive every exchange as WARC (R20) into ``warc_dir`` (default: next to the database).
+    warc: bool = True
+    warc_dir: str | None = None
+    warc_max_file_bytes: int = 1 << 30
+    #: Serve Prometheus metrics on 127.0.0.1:PORT while crawling (R24); None = off.
+    metrics_port: int | None = None
 
     def validate(self) -> None:
         problems = []
@@ -120,6 +147,20 @@ class CrawlConfig:
         for name in ("max_depth", "max_url_length", "max_query_params", "max_repeated_segment"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1")
+        if self.max_redirects < 0:
+            problems.append("--max-redirects must be >= 0")
+        if self.daily_budget is not None and self.daily_budget < 1:
+            problems.append("--daily-budget must be >= 1")
+        if not 0 < self.recrawl_min <= self.recrawl_max:
+            problems.append("--recrawl-min must be > 0 and <= --recrawl-max")
+        if self.tombstone_interval is not None and self.tombstone_interval <= 0:
+            problems.append("--tombstone-interval must be > 0")
+        if not 0 <= self.near_dup_distance <= 3:
+            problems.append("--near-dup-distance must be between 0 and 3")
+        if self.max_decompressed_bytes < 1 or self.max_bytes < 1:
+            problems.append("--max-bytes and --max-decompressed-bytes must be >= 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            problems.append("--metrics-port must be a TCP port")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -155,7 +196,24 @@ class CrawlConfig:
             breaker_seconds=self.breaker_seconds,
             robots=robots_cache,
             robots_max_attempts=self.robots_max_attempts,
+            daily_budget=self.daily_budget,
         )
+
+    def recrawl_policy(self) -> RecrawlPolicy:
+        return RecrawlPolicy(
+            min_interval=self.recrawl_min,
+            max_interval=self.recrawl_max,
+            tombstone_interval=self.tombstone_interval,
+            pins=self.pins,
+        )
+
+    def warc_directory(self) -> str:
+        """Where WARC files go: ``warc_dir``, else ``<db>.warc`` next to an SQLite file."""
+        if self.warc_dir:
+            return self.warc_dir
+        if "://" in self.db:
+            return "idemcrawl-warc"
+        return self.db + ".warc"
 
 
 class ConfigFileError(ValueError):
@@ -193,8 +251,36 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "max_repeated_segment": (int,),
     "template_growth_limit": (int,),
     "template_sample_every": (int,),
+    "max_bytes": (int,),
+    "max_decompressed_bytes": (int,),
+    "max_redirects": (int,),
+    "connect_timeout": (int, float),
+    "read_timeout": (int, float),
+    "total_timeout": (int, float),
+    "parse_timeout": (int, float),
+    "daily_budget": (int,),
+    "recrawl": (bool,),
+    "recrawl_min": (int, float),
+    "recrawl_max": (int, float),
+    "tombstone_interval": (int, float),
+    "pins": (list,),
+    "near_dup_distance": (int,),
+    "warc": (bool,),
+    "warc_dir": (str,),
+    "metrics_port": (int,),
+    "backoff_base": (int, float),
+    "backoff_cap": (int, float),
+    "retry_after_cap": (int, float),
+    "breaker_threshold": (int,),
+    "breaker_seconds": (int, float),
 }
-HOST_KEYS: dict[str, tuple[type, ...]] = {"delay": (int, float), "concurrency": (int,)}
+HOST_KEYS: dict[str, tuple[type, ...]] = {
+    "delay": (int, float),
+    "concurrency": (int,),
+    "budget": (int,),
+    "recrawl_interval": (int, float),
+    "pins": (list,),
+}
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -225,7 +311,10 @@ def load_config_file(
     Unknown keys and values of the wrong type are rejected, naming the file and line, because a
     typo in a politeness setting silently falling back to a default is worse than no start.
     """
+    import re
     import tomllib
+
+    from .recrawl import PinError, parse_pin
 
     try:
         with open(path, "rb") as fh:
@@ -268,15 +357,43 @@ def load_config_file(
                     keys = host_keys_for(host)
                 except ValueError as exc:
                     raise ConfigFileError(f"{where(host)}: {exc}") from None
+                for k in ("delay", "recrawl_interval"):
+                    if k in table and table[k] < 0:
+                        raise ConfigFileError(f"{where(k)}: {k} must be >= 0, got {table[k]!r}")
+                for k in ("concurrency", "budget"):
+                    if k in table and table[k] < 1:
+                        raise ConfigFileError(f"{where(k)}: {k} must be >= 1, got {table[k]!r}")
                 for hk in keys:
                     delay = table.get("delay")
                     conc = table.get("concurrency")
-                    overrides.append(
-                        (hk, None if delay is None else float(delay), conc)  # type: ignore[arg-type]
-                    )
+                    if delay is not None or conc is not None:
+                        overrides.append(
+                            (hk, None if delay is None else float(delay), conc)  # type: ignore[arg-type]
+                        )
+                    if "budget" in table:
+                        budgets = settings.setdefault("host_budgets", [])
+                        budgets.append((hk, int(table["budget"])))  # type: ignore[union-attr]
+                    pins = settings.setdefault("host_pins", [])
+                    if "recrawl_interval" in table:
+                        pins.append(f"^{re.escape(hk)}/={float(table['recrawl_interval'])}")  # type: ignore[union-attr]
+                    for pin in table.get("pins", []):
+                        pins.append(str(pin))  # type: ignore[union-attr]
             continue
         if key not in FILE_KEYS:
             raise ConfigFileError(f"{where(key)}: unknown key {key!r}")
         check(key, value, FILE_KEYS[key])
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and value < 0
+            and key not in ("metrics_port",)
+        ):
+            raise ConfigFileError(f"{where(key)}: {key} must be >= 0, got {value!r}")
+        if key == "pins":
+            for pin in value:  # type: ignore[union-attr]
+                try:
+                    parse_pin(str(pin))
+                except PinError as exc:
+                    raise ConfigFileError(f"{where(key)}: {exc}") from None
         settings[key] = value
     return settings, overrides

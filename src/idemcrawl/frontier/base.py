@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,6 +124,8 @@ class NewURL:
     state: str = QUEUED
     reason: str | None = None
     kind: str = PAGE
+    #: Redirect hops that led here (R14): a redirect target is hops + 1 of its source.
+    hops: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,10 @@ class HostPolicy:
     breaker_seconds: float = 300.0
     #: robots.txt enforcement; None crawls without it (contract tests, --ignore-robots).
     robots: RobotsCache | None = None
+    #: Per-host fetch budget per UTC day (R17); None = unlimited. A host that spends it has its
+    #: queued URLs deferred with the reason, so the crawl can end (``--retry-deferred`` or the
+    #: next day's recrawl picks them up again).
+    daily_budget: int | None = None
     #: Consecutive unreachable robots.txt answers (each after its error TTL) before the host's
     #: pages are deferred for this run.
     robots_max_attempts: int = 3
@@ -165,6 +171,14 @@ class Lease:
     attempts: int
     kind: str = PAGE
     due_at: float = 0.0
+    #: What the previous round of this URL learnt (R13, R16): validators for a conditional
+    #: request, the content hash and status to tell a change, the revisit interval to adapt.
+    etag: str | None = None
+    last_modified: str | None = None
+    prev_hash: str | None = None
+    prev_status: int | None = None
+    interval: float | None = None
+    hops: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +215,42 @@ class Completion:
     robots: RobotsFetch | None = None
     #: Links the page had that discovery refused, by reason (counted with the completion).
     rejections: dict[str, int] = field(default_factory=dict)
+    #: Validators to send on the next round (R13).
+    etag: str | None = None
+    last_modified: str | None = None
+    #: True when this round found new content (or a new status): only then is an index event
+    #: emitted (R21). A 304 or an identical body is a round without a change.
+    changed: bool = True
+    #: Recrawl schedule (R16); None = never revisit.
+    next_fetch_at: float | None = None
+    revisit_interval: float | None = None
+    #: Where the exchange is archived (R20): the WARC response (or revisit) record.
+    warc_file: str | None = None
+    warc_offset: int | None = None
+    warc_length: int | None = None
+    payload_digest: str | None = None
+    #: True when the body was archived as a full response record (not a revisit): the frontier
+    #: then remembers it under ``payload_digest`` so later identical bodies reference it (R11).
+    stored_body: bool = False
+    #: 64-bit SimHash of the visible text and the near-duplicate group it joined (R11).
+    simhash: int | None = None
+    near_dup_of: int | None = None
+    canonical_hint: str | None = None
+    #: Where a redirect points (R14), for loop detection and the URL's record.
+    redirect_to: str | None = None
+    #: Extra named counters to add in the same transaction (e.g. redirect_loops).
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Reparsed:
+    """What parsing an archived body again produced (R19): written without a new fetch round."""
+
+    url_id: int
+    url: str
+    records: Sequence[RecordWrite] = ()
+    links: Sequence[NewURL] = ()
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +277,12 @@ class Failure:
     host_error: bool = False
     #: Retry-After in seconds, when the server sent one.
     retry_after: float | None = None
+    #: The archived response, when there was one (a parse failure keeps its body so that
+    #: ``idemcrawl reparse --where-failed`` can retry it without the network, R19).
+    warc_file: str | None = None
+    warc_offset: int | None = None
+    warc_length: int | None = None
+    payload_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +294,8 @@ class Progress:
     next_due_at: float | None
     next_lease_expiry: float | None
     next_host_ready_at: float | None
+    #: Earliest ``next_fetch_at`` of a finished URL (what a ``--recrawl`` run waits for).
+    next_refetch_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -346,7 +404,78 @@ class Frontier(Protocol):
         """Every stored record, ordered by source and key (for export)."""
         ...
 
+    # -- recrawl, content dedup, live control ----------------------------------------------------
+
+    def reschedule_due(self, now: float, limit: int) -> int:
+        """Start a new round for up to ``limit`` finished URLs whose ``next_fetch_at`` has come.
+
+        Set-based: one statement moves them back to ``queued`` with ``version + 1`` (R4, R16), so
+        the old round's completion can never be accepted for the new one.
+        """
+        ...
+
+    def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
+        """Archived full bodies by payload digest: (warc_file, offset, length, first url)."""
+        ...
+
+    def body_digests(self) -> Iterable[str]:
+        """Every archived payload digest (to rebuild the body Bloom filter at start)."""
+        ...
+
+    def simhashes(self) -> Iterable[tuple[int, int, int | None]]:
+        """(url_id, simhash, near_dup_of) of every page with a SimHash (near-dup index)."""
+        ...
+
+    def reparse_candidates(
+        self, where_failed: bool, after_id: int, limit: int
+    ) -> list[dict[str, Any]]:
+        """Archived pages to parse again, by url_id order from ``after_id`` (batched)."""
+        ...
+
+    def apply_reparse(self, items: Sequence[Reparsed], now: float) -> int:
+        """Upsert the records and insert the links of re-parsed pages; a page whose parse
+        failed before and succeeds now becomes ``done``. Returns records written."""
+        ...
+
+    def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
+        """Live control (R23, issue 9): pause/resume/block/unblock a host or the whole crawl,
+        set a host's delay. Takes effect at the next lease of every process. Returns rows hit."""
+        ...
+
     def close(self) -> None: ...
+
+    # -- outputs: events and exports --
+    # Read side of R21/R22. Streams page through a primary key in bounded batches (one short read
+    # each), so an export never holds every row in memory nor the database for its whole run.
+
+    def events_after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` index events with ``event_id > cursor``, in id (= commit) order."""
+        ...
+
+    def get_cursor(self, consumer: str) -> int:
+        """The last event id ``consumer`` acknowledged (0 if none)."""
+        ...
+
+    def set_cursor(self, consumer: str, cursor: int) -> None:
+        """Record an acknowledgement; keeps the maximum, so a late or repeated one cannot rewind."""
+        ...
+
+    def iter_urls(self, batch: int = 1000) -> Iterable[dict[str, Any]]:
+        """Every URL's state and last fetch facts, by url_id, streamed in batches."""
+        ...
+
+    def iter_events(self, batch: int = 1000) -> Iterable[dict[str, Any]]:
+        """Every index event by event_id, streamed in batches."""
+        ...
+
+    def iter_records(self, batch: int = 1000) -> Iterable[dict[str, Any]]:
+        """Every record by record_id, streamed in batches (``records()`` reads all at once)."""
+        ...
+
+    def aggregates(self) -> dict[str, Any]:
+        """Counts by state, status code and source plus body bytes, recomputed with GROUP BY
+        over stored rows in one snapshot (R22: never kept as per-fetch increments)."""
+        ...
 
 
 def sitemap_urls(locations: Iterable[str], host_key: str) -> list[NewURL]:
@@ -365,4 +494,137 @@ def sitemap_urls(locations: Iterable[str], host_key: str) -> list[NewURL]:
             continue
         if urls.host_key(u) == host_key:
             out.append(NewURL(u, host_key, priority=5, depth=1, kind=SITEMAP))
+    return out
+
+
+# -- helpers shared by the SQL backends ------------------------------------------------------------
+
+
+def _signed64(value: int | None) -> int | None:
+    """SimHashes are unsigned 64-bit; both databases store signed BIGINT."""
+    if value is None:
+        return None
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def done_values(c: Completion) -> tuple[Any, ...]:
+    """Parameters of a completion's fenced ``done`` update, in ``DONE_COLUMNS`` order.
+
+    A 304 keeps what the URL already had (status, hash, size, archive pointer): it only moves
+    the schedule and the validators (R13).
+    """
+    not_modified = c.status == 304
+    return (
+        None if not_modified else c.status,
+        c.fetched_at,
+        None if not_modified else c.content_hash,
+        None if not_modified else c.body_bytes,
+        c.error,
+        c.etag,
+        c.last_modified,
+        c.next_fetch_at,
+        c.revisit_interval,
+        c.warc_file,
+        c.warc_offset,
+        c.warc_length,
+        c.payload_digest,
+        _signed64(c.simhash),
+        c.near_dup_of,
+        c.canonical_hint,
+        c.redirect_to,
+    )
+
+
+#: The columns ``done_values`` sets; ``keep`` ones fall back to their old value when None.
+DONE_COLUMNS: tuple[tuple[str, bool], ...] = (
+    ("status_code", True),
+    ("fetched_at", False),
+    ("content_hash", True),
+    ("body_bytes", True),
+    ("last_error", False),
+    ("etag", False),
+    ("last_modified", False),
+    ("next_fetch_at", False),
+    ("revisit_interval", False),
+    ("warc_file", True),
+    ("warc_offset", True),
+    ("warc_length", True),
+    ("payload_digest", True),
+    ("simhash", True),
+    ("near_dup_of", False),
+    ("canonical_hint", False),
+    ("redirect_to", False),
+)
+
+
+def event_values(c: Completion, now: float) -> tuple[Any, ...]:
+    """One index event row (R21): url_id, version, url, status, fetched_at, content_hash,
+    records, links, warc_file, warc_offset, warc_length, payload_digest, created_at."""
+    ls = c.lease
+    return (
+        ls.url_id,
+        ls.version,
+        ls.url,
+        c.status,
+        c.fetched_at,
+        c.content_hash,
+        len(c.records),
+        len(c.links),
+        c.warc_file,
+        c.warc_offset,
+        c.warc_length,
+        c.payload_digest,
+        now,
+    )
+
+
+def status_class(status: int | None) -> str | None:
+    """The response class a metric counts (R24): 2xx, 3xx, 304, 4xx, 429, 5xx."""
+    if status is None or status <= 0:
+        return None
+    if status in (304, 429):
+        return str(status)
+    return f"{min(max(status // 100, 1), 5)}xx"
+
+
+def redirect_loop(
+    url: str, target: str | None, target_of: Callable[[str], str | None], limit: int = 32
+) -> bool:
+    """Does following the stored ``redirect_to`` chain from ``target`` lead back into a cycle?
+
+    Dedup alone already stops a loop from being fetched twice; this tells the operator why the
+    chain ended (R14). A chain longer than ``limit`` counts as a loop too.
+    """
+    seen = {url}
+    for _ in range(limit):
+        if target is None:
+            return False
+        if target in seen:
+            return True
+        seen.add(target)
+        target = target_of(target)
+    return True
+
+
+def completion_counters(pages: Sequence[Completion]) -> dict[str, int]:
+    """Counters an accepted batch of page completions adds (status classes, bytes, dedup)."""
+    out: dict[str, int] = {}
+
+    def bump(name: str, n: int = 1) -> None:
+        if n:
+            out[name] = out.get(name, 0) + n
+
+    for c in pages:
+        cls = status_class(c.status)
+        if cls:
+            bump(f"status_{cls}")
+        bump("bytes_fetched", c.body_bytes or 0)
+        if c.payload_digest and not c.stored_body and c.status != 304 and c.warc_file:
+            bump("content_duplicates")
+        if c.near_dup_of is not None:
+            bump("near_duplicates")
+        if c.changed and c.lease.kind == PAGE and c.lease.version > 1:
+            bump("pages_changed")
+        for name, n in c.counters.items():
+            bump(name, n)
     return out

@@ -63,6 +63,7 @@ from ..politeness import (
 from ..robots import RobotsState, needs_fetch, state_from_row, state_to_row
 from ..robots import outcome as robots_outcome
 from .base import (
+    DONE_COLUMNS,
     FAILED,
     LEASED,
     PAGE,
@@ -79,13 +80,27 @@ from .base import (
     NewURL,
     PartitionBusy,
     Progress,
+    Reparsed,
     StaleEpoch,
+    completion_counters,
+    done_values,
+    event_values,
+    redirect_loop,
     sitemap_urls,
+    status_class,
 )
 
 # The host-row shape and the "defer this host" rule are the SQLite backend's own, imported rather
 # than copied so that both backends cannot drift apart.
-from .sqlite import _defer_reason, _HostRow
+from .sqlite import (
+    PICK_COLS,
+    REPARSE_COLS,
+    _defer_reason,
+    _HostRow,
+    budget_day,
+    budget_left,
+    lease_from_row,
+)
 
 try:
     import psycopg
@@ -99,7 +114,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_SCHEMA = "idemcrawl"
 #: Oldest server with ``pg_xact_status`` / ``pg_current_xact_id_if_assigned``.
 MIN_SERVER_VERSION = 130000
@@ -307,6 +322,26 @@ CREATE TABLE lease_log (
 )""",
         "CREATE INDEX lease_log_host ON lease_log (host_key, granted_at)",
     ),
+    # 3: recrawl rounds, redirects, content dedup, per-host budgets (see sqlite.py).
+    (
+        "ALTER TABLE urls ADD COLUMN hops INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE urls ADD COLUMN redirect_to TEXT",
+        "ALTER TABLE urls ADD COLUMN near_dup_of BIGINT",
+        "ALTER TABLE hosts ADD COLUMN budget INTEGER",
+        "ALTER TABLE events ADD COLUMN payload_digest TEXT",
+        "CREATE INDEX urls_refetch ON urls (next_fetch_at) WHERE state = 'done'",
+        "CREATE INDEX urls_due ON urls (due_at) WHERE state = 'queued'",
+        """
+CREATE TABLE bodies (
+    payload_digest TEXT PRIMARY KEY,
+    url_id         BIGINT NOT NULL,
+    url            TEXT NOT NULL,
+    warc_file      TEXT NOT NULL,
+    warc_offset    BIGINT NOT NULL,
+    warc_length    BIGINT NOT NULL,
+    first_seen     DOUBLE PRECISION NOT NULL
+)""",
+    ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -314,9 +349,9 @@ _HOST_COLS = ", ".join(_HostRow._fields)
 
 _INSERT_URLS = (
     "INSERT INTO urls (url, host_key, state, reason, priority, depth, due_at, discovered_at, "
-    "kind) SELECT u, h, s, r, p, d, %s, %s, k "
+    "kind, hops) SELECT u, h, s, r, p, d, %s, %s, k, n "
     "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], "
-    "%s::text[]) AS l(u, h, s, r, p, d, k) "
+    "%s::text[], %s::int[]) AS l(u, h, s, r, p, d, k, n) "
     "ON CONFLICT (url) DO NOTHING"
 )
 
@@ -331,11 +366,55 @@ _UPSERT_RECORD = (
 
 _INSERT_EVENT = (
     "INSERT INTO events (url_id, url_version, url, status, fetched_at, content_hash, records, "
-    "links, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "links, warc_file, warc_offset, warc_length, payload_digest, created_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (url_id, url_version) DO NOTHING"
 )
 
-_URL_PICK_COLS = "url_id, url, version, depth, attempts, due_at, kind"
+#: Serialises the event-inserting tail of completion transactions, so event ids are handed out
+#: in commit order and a reader's ``event_id > cursor`` never skips a late-committing event.
+_EVENTS_LOCK = 0x1DEC0E7E
+
+_URL_PICK_COLS = PICK_COLS
+
+#: Column types of the fenced completion update's unnest (DONE_COLUMNS order).
+_DONE_TYPES = {
+    "status_code": "int",
+    "fetched_at": "float8",
+    "content_hash": "text",
+    "body_bytes": "bigint",
+    "last_error": "text",
+    "etag": "text",
+    "last_modified": "text",
+    "next_fetch_at": "float8",
+    "revisit_interval": "float8",
+    "warc_file": "text",
+    "warc_offset": "bigint",
+    "warc_length": "bigint",
+    "payload_digest": "text",
+    "simhash": "bigint",
+    "near_dup_of": "bigint",
+    "canonical_hint": "text",
+    "redirect_to": "text",
+}
+_DONE_CAST: dict[str, Callable[[Any], Any]] = {
+    col: {"int": int, "bigint": int, "float8": float, "text": str}[t]
+    for col, t in _DONE_TYPES.items()
+}
+_DONE_SQL = (
+    "UPDATE urls AS u SET state = 'done', attempts = 0, lease_owner = NULL, "
+    "lease_token = NULL, lease_expires_at = NULL, "
+    + ", ".join(
+        f"{col} = COALESCE(c.{col}, u.{col})" if keep else f"{col} = c.{col}"
+        for col, keep in DONE_COLUMNS
+    )
+    + " FROM unnest(%s::bigint[], %s::int[], %s::bigint[], "
+    + ", ".join(f"%s::{_DONE_TYPES[col]}[]" for col, _ in DONE_COLUMNS)
+    + ") AS c(url_id, version, token, "
+    + ", ".join(col for col, _ in DONE_COLUMNS)
+    + ") WHERE u.url_id = c.url_id AND u.state = 'leased' AND u.version = c.version "
+    "AND u.lease_token = c.token RETURNING c.url_id, c.version, c.token"
+)
 
 _PickedRow = tuple[Any, ...]
 
@@ -756,6 +835,7 @@ class PostgresFrontier:
                 [int(u.priority) for u in batch],
                 [int(u.depth) for u in batch],
                 [u.kind for u in batch],
+                [int(u.hops) for u in batch],
             ),
         )
         return max(tx.cur.rowcount, 0)
@@ -776,6 +856,11 @@ class PostgresFrontier:
             if fence is not None:
                 self._check_fence(tx, fence, owner, now)
             self._expire(tx, now, skip_locked=True)
+            paused = tx.cur.execute(
+                "SELECT 1 FROM meta WHERE key = 'paused' AND value = '1'"
+            ).fetchone()
+            if paused:
+                return []  # the operator paused the whole crawl (idemcrawl control pause)
             # SKIP LOCKED: a host another leaser (or a completion) holds right now is simply not
             # ready for us; the rows we do get stay locked until COMMIT, so the in_flight and
             # next_allowed_at we read are the ones we update (I6).
@@ -894,8 +979,13 @@ class PostgresFrontier:
             configured, state.crawl_delay if state else h.crawl_delay, cap, h.latency_ewma, policy
         )
         allow = allowance(max_in_flight, h.error_streak)
+        left = budget_left(h, now, policy)
+        if left <= 0:
+            self._defer_host(tx, h.host_key, "daily fetch budget exhausted")
+            tx.bump("budget_exhausted", 1)
+            return []
         # With a delay, one start per grant: a second grant now would break the spacing.
-        take = min(room, allow - h.in_flight, 1 if delay > 0 else room)
+        take = int(min(room, allow - h.in_flight, 1 if delay > 0 else room, left))
         if take <= 0:
             return []
         picked: list[_PickedRow] = []
@@ -1004,26 +1094,10 @@ class PostgresFrontier:
     ) -> list[Lease]:
         if not rows:
             return []
-        leases = []
-        for row in rows:
-            url_id, url, version, depth, attempts, due_at = row[:6]
-            row_kind = row[6] if len(row) > 6 else kind
-            token = self._rng.getrandbits(62) or 1
-            leases.append(
-                Lease(
-                    url_id,
-                    url,
-                    h.host_key,
-                    version,
-                    token,
-                    owner,
-                    expires,
-                    depth,
-                    attempts,
-                    row_kind,
-                    due_at,
-                )
-            )
+        leases = [
+            lease_from_row(row, h.host_key, self._rng.getrandbits(62) or 1, owner, expires, kind)
+            for row in rows
+        ]
         ids = [ls.url_id for ls in leases]
         cur = tx.cur
         with self._batch(cur):
@@ -1051,9 +1125,11 @@ class PostgresFrontier:
                     [ls.kind for ls in leases],
                 ),
             )
+            day = budget_day(now)
             cur.execute(
-                "UPDATE hosts SET next_allowed_at = %s WHERE host_key = %s",
-                (now + delay, h.host_key),
+                "UPDATE hosts SET next_allowed_at = %s, budget_used = CASE WHEN budget_day = %s "
+                "THEN budget_used + %s ELSE %s END, budget_day = %s WHERE host_key = %s",
+                (now + delay, day, len(leases), len(leases), day, h.host_key),
             )
         return leases
 
@@ -1102,26 +1178,18 @@ class PostgresFrontier:
         for i, c in enumerate(completions):
             first.setdefault((c.lease.url_id, c.lease.version, c.lease.token), i)
         fenced = [completions[i] for i in first.values()]
+        values = [done_values(c) for c in fenced]
+        columns = [
+            [None if v[i] is None else _DONE_CAST[col](v[i]) for v in values]
+            for i, (col, _) in enumerate(DONE_COLUMNS)
+        ]
         done = cur.execute(
-            "UPDATE urls AS u SET state = 'done', status_code = c.status, "
-            "fetched_at = c.fetched_at, content_hash = c.content_hash, "
-            "body_bytes = c.body_bytes, last_error = c.error, lease_owner = NULL, "
-            "lease_token = NULL, lease_expires_at = NULL "
-            "FROM unnest(%s::bigint[], %s::int[], %s::bigint[], %s::int[], %s::float8[], "
-            "%s::text[], %s::bigint[], %s::text[]) "
-            "AS c(url_id, version, token, status, fetched_at, content_hash, body_bytes, error) "
-            "WHERE u.url_id = c.url_id AND u.state = 'leased' AND u.version = c.version "
-            "AND u.lease_token = c.token "
-            "RETURNING c.url_id, c.version, c.token",
+            _DONE_SQL,
             (
                 [c.lease.url_id for c in fenced],
                 [c.lease.version for c in fenced],
                 [c.lease.token for c in fenced],
-                [c.status for c in fenced],
-                [None if c.fetched_at is None else float(c.fetched_at) for c in fenced],
-                [c.content_hash for c in fenced],
-                [c.body_bytes for c in fenced],
-                [c.error for c in fenced],
+                *columns,
             ),
         ).fetchall()
         ok_keys = {(int(r[0]), int(r[1]), int(r[2])) for r in done}
@@ -1164,26 +1232,46 @@ class PostgresFrontier:
                     lc = cur.connection.cursor()
                     self._insert_urls(_Tx(lc), c.links, now)
                     link_cursors.append(lc)
-                if ls.kind != PAGE:
-                    continue  # sitemaps emit no index event
+                if c.stored_body and c.payload_digest and c.warc_file is not None:
+                    cur.execute(
+                        "INSERT INTO bodies (payload_digest, url_id, url, warc_file, warc_offset, "
+                        "warc_length, first_seen) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+                        "ON CONFLICT (payload_digest) DO NOTHING",
+                        (
+                            c.payload_digest,
+                            ls.url_id,
+                            ls.url,
+                            c.warc_file,
+                            c.warc_offset,
+                            c.warc_length,
+                            now,
+                        ),
+                    )
+        pages = [
+            c
+            for c, ok in zip(completions, accepted, strict=True)
+            if ok and c.lease.kind != ROBOTS
+        ]
+        for c in pages:
+            if c.redirect_to is not None and self._redirect_loop(tx, c):
                 cur.execute(
-                    _INSERT_EVENT,
-                    (
-                        ls.url_id,
-                        ls.version,
-                        ls.url,
-                        c.status,
-                        c.fetched_at,
-                        c.content_hash,
-                        len(c.records),
-                        len(c.links),
-                        now,
-                    ),
+                    "UPDATE urls SET last_error = %s WHERE url_id = %s",
+                    (f"redirect loop via {c.redirect_to}", c.lease.url_id),
                 )
+                tx.bump("redirect_loops", 1)
+        # Sitemaps emit no event; a round that changed nothing (304, same body) neither.
+        indexed = [c for c in pages if c.lease.kind == PAGE and c.changed]
+        if indexed:
+            # Last in the transaction and held to COMMIT: ids are handed out in commit order.
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK,))
+            cur.executemany(_INSERT_EVENT, [event_values(c, now) for c in indexed])
         links_new = 0
         for lc in link_cursors:
             links_new += max(lc.rowcount, 0)
             lc.close()
+        tx.bump("url_duplicates", sum(len(c.links) for c in pages) - links_new)
+        for name, n in completion_counters(pages).items():
+            tx.bump(name, n)
         n_ok = sum(accepted)
         tx.bump("fetches", n_ok)
         tx.bump("completions_rejected", len(accepted) - n_ok)
@@ -1196,6 +1284,14 @@ class PostgresFrontier:
         for reason, n in sorted(rejected.items()):
             tx.bump(f"links_rejected_{reason}", n)
         return accepted
+
+    @staticmethod
+    def _redirect_loop(tx: _Tx, c: Completion) -> bool:
+        def target_of(url: str) -> str | None:
+            row = tx.cur.execute("SELECT redirect_to FROM urls WHERE url = %s", (url,)).fetchone()
+            return row[0] if row else None
+
+        return redirect_loop(c.lease.url, c.redirect_to, target_of)
 
     def _store_robots(
         self, tx: _Tx, host_key: str, c: Completion, now: float, policy: HostPolicy
@@ -1287,6 +1383,9 @@ class PostgresFrontier:
             cur.execute(
                 "UPDATE urls SET state = %s, due_at = %s, attempts = attempts + 1, "
                 "last_error = %s, reason = %s, status_code = COALESCE(%s, status_code), "
+                "warc_file = COALESCE(%s, warc_file), warc_offset = COALESCE(%s, warc_offset), "
+                "warc_length = COALESCE(%s, warc_length), "
+                "payload_digest = COALESCE(%s, payload_digest), "
                 "lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL "
                 "WHERE url_id = %s",
                 (
@@ -1295,6 +1394,10 @@ class PostgresFrontier:
                     f.error,
                     f.error if final else None,
                     f.status,
+                    f.warc_file,
+                    f.warc_offset,
+                    f.warc_length,
+                    f.payload_digest,
                     ls.url_id,
                 ),
             )
@@ -1303,6 +1406,12 @@ class PostgresFrontier:
         n_ok = sum(accepted)
         tx.bump("fetches", n_ok)
         tx.bump("fetch_errors", n_ok)
+        for f, ok in zip(failures, accepted, strict=True):
+            cls = status_class(f.status) if ok else None
+            if cls:
+                tx.bump(f"status_{cls}", 1)
+            if ok and f.retry_at is not None:
+                tx.bump("retries", 1)
         tx.bump("completions_rejected", len(accepted) - n_ok)
         return accepted
 
@@ -1458,13 +1567,178 @@ class PostgresFrontier:
                 "SELECT q, l, CASE WHEN q > 0 THEN "
                 "(SELECT MIN(due_at) FROM urls WHERE state = 'queued') END, "
                 "CASE WHEN l > 0 THEN "
-                "(SELECT MIN(lease_expires_at) FROM urls WHERE state = 'leased') END, r FROM t"
+                "(SELECT MIN(lease_expires_at) FROM urls WHERE state = 'leased') END, r, "
+                "(SELECT MIN(next_fetch_at) FROM urls WHERE state = 'done') FROM t"
             ).fetchone(),
             write=False,
         )
         assert row is not None
-        queued, leased, next_due, next_exp, host_ready = row
-        return Progress(int(queued), int(leased), next_due, next_exp, host_ready)
+        queued, leased, next_due, next_exp, host_ready, next_refetch = row
+        return Progress(int(queued), int(leased), next_due, next_exp, host_ready, next_refetch)
+
+    # -- recrawl, content dedup, live control ----------------------------------------------------
+
+    def reschedule_due(self, now: float, limit: int) -> int:
+        def tx_reschedule(tx: _Tx) -> int:
+            cur = tx.cur
+            rows = cur.execute(
+                "SELECT url_id, host_key FROM urls WHERE state = 'done' AND next_fetch_at <= %s "
+                "AND kind IN ('page', 'sitemap') ORDER BY next_fetch_at LIMIT %s",
+                (now, limit),
+            ).fetchall()
+            if not rows:
+                return 0
+            self._lock_hosts(tx, {r[1] for r in rows})
+            cur.execute(
+                "UPDATE urls SET state = 'queued', version = version + 1, "
+                "due_at = next_fetch_at, attempts = 0, reason = NULL "
+                "WHERE url_id = ANY(%s::bigint[]) AND state = 'done'",
+                ([r[0] for r in rows],),
+            )
+            n = max(cur.rowcount, 0)
+            tx.bump("revisits", n)
+            return n
+
+        return self._run(tx_reschedule)
+
+    def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
+        if not digests:
+            return {}
+        rows = self._run(
+            lambda tx: tx.cur.execute(
+                "SELECT payload_digest, warc_file, warc_offset, warc_length, url FROM bodies "
+                "WHERE payload_digest = ANY(%s::text[])",
+                (list(digests),),
+            ).fetchall(),
+            write=False,
+        )
+        return {r[0]: (r[1], int(r[2]), int(r[3]), r[4]) for r in rows}
+
+    def body_digests(self) -> Iterable[str]:
+        rows = self._run(
+            lambda tx: tx.cur.execute("SELECT payload_digest FROM bodies").fetchall(), write=False
+        )
+        return [r[0] for r in rows]
+
+    def simhashes(self) -> Iterable[tuple[int, int, int | None]]:
+        rows = self._run(
+            lambda tx: tx.cur.execute(
+                "SELECT url_id, simhash, near_dup_of FROM urls WHERE simhash IS NOT NULL"
+            ).fetchall(),
+            write=False,
+        )
+        return [(int(u), int(h) & 0xFFFFFFFFFFFFFFFF, n) for u, h, n in rows]
+
+    def reparse_candidates(
+        self, where_failed: bool, after_id: int, limit: int
+    ) -> list[dict[str, Any]]:
+        where = "url_id > %s AND warc_file IS NOT NULL AND kind = 'page' AND " + (
+            "state = 'failed' AND last_error LIKE 'parse%%'"
+            if where_failed
+            else "state IN ('done', 'failed')"
+        )
+
+        def tx_candidates(tx: _Tx) -> list[dict[str, Any]]:
+            cur = tx.cur.execute(
+                f"SELECT {REPARSE_COLS} FROM urls WHERE {where} ORDER BY url_id LIMIT %s",
+                (after_id, limit),
+            )
+            cols = [d[0] for d in cur.description or ()]
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+        return self._run(tx_candidates, write=False)
+
+    def apply_reparse(self, items: Sequence[Reparsed], now: float) -> int:
+        if not items:
+            return 0
+
+        def tx_apply(tx: _Tx) -> int:
+            cur = tx.cur
+            good = [it for it in items if it.error is None]
+            links = [u for it in good for u in it.links]
+            self._lock_hosts(tx, [u.host_key for u in links])
+            records = [
+                (r.record_id, r.source, r.key, it.url, r.data_json, r.content_hash, now, now)
+                for it in good
+                for r in it.records
+            ]
+            if records:
+                cur.executemany(_UPSERT_RECORD, records)
+            new = self._insert_urls(tx, links, now) if links else 0
+            cur.execute(
+                "UPDATE urls AS u SET state = CASE WHEN r.error IS NULL AND u.state = 'failed' "
+                "THEN 'done' ELSE u.state END, last_error = r.error, "
+                "reason = CASE WHEN r.error IS NULL THEN NULL ELSE u.reason END "
+                "FROM unnest(%s::bigint[], %s::text[]) AS r(url_id, error) "
+                "WHERE u.url_id = r.url_id",
+                ([it.url_id for it in items], [it.error for it in items]),
+            )
+            tx.bump("reparsed", len(items))
+            tx.bump("links_new", new)
+            return len(records)
+
+        return self._run(tx_apply)
+
+    def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
+        def tx_control(tx: _Tx) -> int:
+            cur = tx.cur
+            if host_key is None:
+                if action not in ("pause", "resume"):
+                    raise ValueError(f"control {action} needs a host")
+                cur.execute(
+                    "INSERT INTO meta (key, value) VALUES ('paused', %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    ("1" if action == "pause" else "0",),
+                )
+                return 1
+            cur.execute(
+                "INSERT INTO hosts (host_key) VALUES (%s) ON CONFLICT DO NOTHING", (host_key,)
+            )
+            self._lock_hosts(tx, [host_key])
+            if action == "pause":
+                cur.execute(
+                    "UPDATE hosts SET paused = 1, pause_reason = 'paused by operator' "
+                    "WHERE host_key = %s",
+                    (host_key,),
+                )
+            elif action in ("resume", "unblock"):
+                cur.execute(
+                    "UPDATE hosts SET paused = 0, pause_reason = NULL WHERE host_key = %s",
+                    (host_key,),
+                )
+                if action == "unblock":
+                    cur.execute(
+                        "UPDATE urls SET state = 'queued', reason = NULL WHERE host_key = %s "
+                        "AND state = 'deferred' AND reason = 'blocked by operator'",
+                        (host_key,),
+                    )
+            elif action == "block":
+                cur.execute(
+                    "UPDATE hosts SET paused = 1, pause_reason = 'blocked by operator' "
+                    "WHERE host_key = %s",
+                    (host_key,),
+                )
+                cur.execute(
+                    "UPDATE urls SET state = 'deferred', reason = 'blocked by operator' "
+                    "WHERE host_key = %s AND state = 'queued'",
+                    (host_key,),
+                )
+                tx.bump("urls_deferred", max(cur.rowcount, 0))
+            elif action == "set-delay":
+                delay = float(value)
+                if not delay >= 0:
+                    raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
+                cur.execute("UPDATE hosts SET delay = %s WHERE host_key = %s", (delay, host_key))
+            elif action == "set-budget":
+                cur.execute(
+                    "UPDATE hosts SET budget = %s WHERE host_key = %s",
+                    (None if value is None else int(value), host_key),
+                )
+            else:
+                raise ValueError(f"unknown control action {action!r}")
+            return 1
+
+        return self._run(tx_control)
 
     def set_host_overrides(
         self, host_key: str, *, delay: float | None, max_in_flight: int | None
@@ -1653,3 +1927,121 @@ class PostgresFrontier:
             conn, self._conn = self._conn, None
             if conn is not None:
                 conn.close()
+
+    # -- outputs: events and exports --
+    # Read side of R21/R22, the same semantics as the SQLite backend's section. Streams page
+    # through the primary key (keyset), one short read-only transaction per batch: nothing holds
+    # a transaction open for a whole export, and a lost connection retries only the batch. Event
+    # ids are assigned in commit order (see complete), so ``event_id > cursor`` skips nothing.
+
+    _EVENT_COLS = (
+        "event_id, url_id, url_version, url, status, fetched_at, content_hash, records, links, "
+        "warc_file, warc_offset, warc_length, created_at"
+    )
+    _URL_COLS = (
+        "url_id, url, state, reason, kind, version, status_code, fetched_at, body_bytes, "
+        "content_hash, depth, next_fetch_at"
+    )
+    _RECORD_COLS = "record_id, source, key, url, data, content_hash, first_seen, last_changed"
+
+    def _dicts(self, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        def tx_dicts(tx: _Tx) -> list[dict[str, Any]]:
+            cur = tx.cur
+            cur.execute(query, params)
+            cols = [d.name for d in cur.description or ()]
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+        return self._run(tx_dicts, write=False)
+
+    def _keyset(
+        self, table: str, cols: str, key: str, start: Any, batch: int
+    ) -> Iterator[dict[str, Any]]:
+        if batch <= 0:
+            raise ValueError(f"batch must be positive, got {batch}")
+        last = start
+        while True:
+            rows = self._dicts(
+                f"SELECT {cols} FROM {table} WHERE {key} > %s ORDER BY {key} LIMIT %s",
+                (last, batch),
+            )
+            yield from rows
+            if len(rows) < batch:
+                return
+            last = rows[-1][key]
+
+    def events_after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
+        if limit <= 0:
+            return []
+        return self._dicts(
+            f"SELECT {self._EVENT_COLS} FROM events WHERE event_id > %s "
+            "ORDER BY event_id LIMIT %s",
+            (cursor, limit),
+        )
+
+    def get_cursor(self, consumer: str) -> int:
+        row = self._run(
+            lambda tx: tx.cur.execute(
+                "SELECT cursor FROM deliveries WHERE consumer = %s", (consumer,)
+            ).fetchone(),
+            write=False,
+        )
+        return int(row[0]) if row else 0
+
+    def set_cursor(self, consumer: str, cursor: int) -> None:
+        # Idempotent (keeps the maximum), so running it again after a lost COMMIT is harmless.
+        self._run(
+            lambda tx: tx.cur.execute(
+                "INSERT INTO deliveries (consumer, cursor) VALUES (%s, %s) "
+                "ON CONFLICT (consumer) DO UPDATE "
+                "SET cursor = GREATEST(deliveries.cursor, excluded.cursor)",
+                (consumer, cursor),
+            )
+        )
+
+    def iter_urls(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
+        return self._keyset("urls", self._URL_COLS, "url_id", 0, batch)
+
+    def iter_events(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
+        return self._keyset("events", self._EVENT_COLS, "event_id", 0, batch)
+
+    def iter_records(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
+        return self._keyset("records", self._RECORD_COLS, "record_id", "", batch)
+
+    def aggregates(self) -> dict[str, Any]:
+        def tx_aggregates(tx: _Tx) -> dict[str, Any]:
+            cur = tx.cur
+            by_state = dict.fromkeys(STATES, 0)
+            by_state.update(
+                (r[0], int(r[1]))
+                for r in cur.execute("SELECT state, count(*) FROM urls GROUP BY state").fetchall()
+            )
+            by_status = {
+                int(r[0]): int(r[1])
+                for r in cur.execute(
+                    "SELECT status_code, count(*) FROM urls WHERE status_code IS NOT NULL "
+                    "GROUP BY status_code ORDER BY status_code"
+                ).fetchall()
+            }
+            row = cur.execute(
+                "SELECT count(fetched_at), COALESCE(SUM(body_bytes), 0)::bigint FROM urls"
+            ).fetchone()
+            fetched, body_bytes = (int(row[0]), int(row[1])) if row else (0, 0)
+            by_source = {
+                r[0]: int(r[1])
+                for r in cur.execute(
+                    "SELECT source, count(*) FROM records GROUP BY source ORDER BY source"
+                ).fetchall()
+            }
+            events = cur.execute("SELECT count(*) FROM events").fetchone()
+            return {
+                "urls": sum(by_state.values()),
+                "urls_by_state": by_state,
+                "fetched": fetched,
+                "status_codes": by_status,
+                "body_bytes": body_bytes,
+                "records": sum(by_source.values()),
+                "records_by_source": by_source,
+                "events": int(events[0]) if events else 0,
+            }
+
+        return self._run(tx_aggregates, write=False, snapshot=True)

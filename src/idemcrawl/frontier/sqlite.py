@@ -21,6 +21,7 @@ import os
 import random
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -36,6 +37,7 @@ from ..politeness import (
 from ..robots import RobotsState, needs_fetch, state_from_row, state_to_row
 from ..robots import outcome as robots_outcome
 from .base import (
+    DONE_COLUMNS,
     FAILED,
     LEASED,
     PAGE,
@@ -52,11 +54,17 @@ from .base import (
     NewURL,
     PartitionBusy,
     Progress,
+    Reparsed,
     StaleEpoch,
+    completion_counters,
+    done_values,
+    event_values,
+    redirect_loop,
     sitemap_urls,
+    status_class,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The schema covers the whole SPEC; later features fill in columns that are already here.
 MIGRATIONS: list[str] = [
@@ -197,9 +205,52 @@ CREATE TABLE lease_log (
 );
 CREATE INDEX lease_log_host ON lease_log(host_key, granted_at);
 """,
+    # 3: recrawl rounds, redirects, content dedup, per-host budgets (issues 4, 5, 6).
+    """
+ALTER TABLE urls ADD COLUMN hops INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE urls ADD COLUMN redirect_to TEXT;
+ALTER TABLE urls ADD COLUMN near_dup_of INTEGER;
+ALTER TABLE hosts ADD COLUMN budget INTEGER;
+ALTER TABLE events ADD COLUMN payload_digest TEXT;
+-- What a --recrawl run looks for, and what progress() asks for, without scanning.
+CREATE INDEX urls_refetch ON urls(next_fetch_at) WHERE state = 'done';
+CREATE INDEX urls_due ON urls(due_at) WHERE state = 'queued';
+-- Byte-identical bodies are archived once (R11): later copies point at this response record.
+CREATE TABLE bodies (
+    payload_digest TEXT PRIMARY KEY,
+    url_id         INTEGER NOT NULL,
+    url            TEXT    NOT NULL,
+    warc_file      TEXT    NOT NULL,
+    warc_offset    INTEGER NOT NULL,
+    warc_length    INTEGER NOT NULL,
+    first_seen     REAL    NOT NULL
+);
+""",
 ]
 
 _BUSY_TIMEOUT_MS = 60_000
+
+_UPSERT_RECORD = (
+    "INSERT INTO records(record_id, source, key, url, data, content_hash, first_seen, "
+    "last_changed) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(record_id) DO UPDATE SET data = excluded.data, "
+    "content_hash = excluded.content_hash, last_changed = excluded.last_changed, "
+    "url = excluded.url WHERE records.content_hash IS NOT excluded.content_hash"
+)
+
+#: What reparse needs of a URL (``reparse_candidates``).
+REPARSE_COLS = (
+    "url_id, url, version, depth, kind, state, status_code, last_error, warc_file, "
+    "warc_offset, warc_length, payload_digest"
+)
+
+#: SET clause of the fenced completion update (parameters: ``done_values``).
+_DONE_SET = ", ".join(
+    f"{col} = COALESCE(?, {col})" if keep else f"{col} = ?" for col, keep in DONE_COLUMNS
+) + (
+    ", state = 'done', attempts = 0, lease_owner = NULL, lease_token = NULL, "
+    "lease_expires_at = NULL"
+)
 
 
 class _HostRow(NamedTuple):
@@ -216,6 +267,9 @@ class _HostRow(NamedTuple):
     crawl_delay: float | None
     robots_meta: str | None
     robots_failures: int
+    budget_day: str | None
+    budget_used: int
+    budget: int | None
 
 
 _HOST_COLS = ", ".join(_HostRow._fields)
@@ -228,6 +282,53 @@ def _defer_reason(state: RobotsState, failures: int, policy: HostPolicy) -> str 
     if state.mode == robots.DISALLOW_ALL and failures >= policy.robots_max_attempts:
         return f"robots.txt unreachable after {failures} attempts: {state.last_error}"
     return None
+
+
+def budget_day(now: float) -> str:
+    """The UTC day a per-host fetch budget counts against (R17)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now))
+
+
+def budget_left(h: Any, now: float, policy: HostPolicy) -> float:
+    """Fetches the host may still start today (inf without a budget)."""
+    budget = h.budget if h.budget is not None else policy.daily_budget
+    if budget is None:
+        return math.inf
+    used = h.budget_used if h.budget_day == budget_day(now) else 0
+    return max(0, budget - used)
+
+
+#: Columns a lease carries (Lease fields after ``kind``, in order).
+PICK_COLS = (
+    "url_id, url, version, depth, attempts, due_at, kind, etag, last_modified, content_hash, "
+    "status_code, revisit_interval, hops"
+)
+
+
+def lease_from_row(
+    row: Sequence[Any], host_key: str, token: int, owner: str, expires: float, kind: str
+) -> Lease:
+    url_id, url, version, depth, attempts, due_at, row_kind = row[:7]
+    etag, last_modified, prev_hash, prev_status, interval, hops = row[7:13]
+    return Lease(
+        url_id,
+        url,
+        host_key,
+        version,
+        token,
+        owner,
+        expires,
+        depth,
+        attempts,
+        kind if kind == ROBOTS else row_kind,
+        due_at,
+        etag,
+        last_modified,
+        prev_hash,
+        prev_status,
+        interval,
+        hops or 0,
+    )
 
 
 class SQLiteFrontier:
@@ -312,7 +413,7 @@ class SQLiteFrontier:
 
     def add(self, urls: Iterable[NewURL], now: float) -> int:
         rows = [
-            (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind)
+            (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
             for u in urls
         ]
         if not rows:
@@ -325,7 +426,7 @@ class SQLiteFrontier:
         # rowcount of executemany sums sqlite3_changes(), which excludes trigger writes.
         return db.executemany(
             "INSERT OR IGNORE INTO urls(url, host_key, state, reason, priority, depth, due_at, "
-            "discovered_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "discovered_at, kind, hops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         ).rowcount
 
@@ -344,6 +445,8 @@ class SQLiteFrontier:
             if fence is not None:
                 self._check_fence(db, fence, owner, now)
             self._expire(db, now)
+            if db.execute("SELECT 1 FROM meta WHERE key = 'paused' AND value = '1'").fetchone():
+                return []  # the operator paused the whole crawl (idemcrawl control pause)
             hosts = db.execute(
                 f"SELECT {_HOST_COLS} FROM hosts WHERE queued > 0 AND next_allowed_at <= ? "
                 "AND backoff_until <= ? AND paused = 0 "
@@ -397,8 +500,13 @@ class SQLiteFrontier:
             configured, state.crawl_delay if state else h.crawl_delay, cap, h.latency_ewma, policy
         )
         allow = allowance(max_in_flight, h.error_streak)
+        left = budget_left(h, now, policy)
+        if left <= 0:
+            self._defer_host(db, h.host_key, "daily fetch budget exhausted")
+            self._bump(db, "budget_exhausted", 1)
+            return []
         # With a delay, one start per grant: a second grant now would break the spacing.
-        take = min(room, allow - h.in_flight, 1 if delay > 0 else room)
+        take = int(min(room, allow - h.in_flight, 1 if delay > 0 else room, left))
         if take <= 0:
             return []
         picked: list[tuple[Any, ...]] = []
@@ -407,7 +515,7 @@ class SQLiteFrontier:
             # Rows picked in an earlier round are still 'queued' until granted: skip them.
             limit = take + (16 if state is not None else 0)
             rows = db.execute(
-                "SELECT url_id, url, version, depth, attempts, due_at, kind FROM urls "
+                f"SELECT {PICK_COLS} FROM urls "
                 "WHERE host_key = ? AND state = 'queued' AND due_at <= ? "
                 "AND kind IN ('page', 'sitemap') "
                 "ORDER BY priority DESC, due_at LIMIT ?",
@@ -470,9 +578,7 @@ class SQLiteFrontier:
             )
         else:
             db.execute("UPDATE urls SET kind = 'robots' WHERE url_id = ?", (row[0],))
-        r = db.execute(
-            "SELECT url_id, url, version, depth, attempts, due_at FROM urls WHERE url = ?", (url,)
-        ).fetchone()
+        r = db.execute(f"SELECT {PICK_COLS} FROM urls WHERE url = ?", (url,)).fetchone()
         return self._grant(db, h, [r], ROBOTS, owner, now, expires, delay, allow)
 
     def _grant(
@@ -493,26 +599,13 @@ class SQLiteFrontier:
         grants = []
         audit = []
         for i, row in enumerate(rows):
-            url_id, url, version, depth, attempts, due_at = row[:6]
-            row_kind = row[6] if len(row) > 6 else kind
             token = self._rng.getrandbits(62) or 1
-            grants.append((owner, token, expires, now, url_id))
-            audit.append((h.host_key, url_id, row_kind, now, due_at, delay, allow, h.in_flight + i))
-            leases.append(
-                Lease(
-                    url_id,
-                    url,
-                    h.host_key,
-                    version,
-                    token,
-                    owner,
-                    expires,
-                    depth,
-                    attempts,
-                    row_kind,
-                    due_at,
-                )
+            ls = lease_from_row(row, h.host_key, token, owner, expires, kind)
+            grants.append((owner, token, expires, now, ls.url_id))
+            audit.append(
+                (h.host_key, ls.url_id, ls.kind, now, ls.due_at, delay, allow, h.in_flight + i)
             )
+            leases.append(ls)
         db.executemany(
             "UPDATE urls SET state = 'leased', lease_owner = ?, lease_token = ?, "
             "lease_expires_at = ?, leased_at = ? WHERE url_id = ?",
@@ -523,8 +616,12 @@ class SQLiteFrontier:
             "allowance, in_flight_before) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             audit,
         )
+        day = budget_day(now)
         db.execute(
-            "UPDATE hosts SET next_allowed_at = ? WHERE host_key = ?", (now + delay, h.host_key)
+            "UPDATE hosts SET next_allowed_at = ?, "
+            "budget_used = CASE WHEN budget_day IS ? THEN budget_used + ? ELSE ? END, "
+            "budget_day = ? WHERE host_key = ?",
+            (now + delay, day, len(leases), len(leases), day, h.host_key),
         )
         return leases
 
@@ -617,20 +714,9 @@ class SQLiteFrontier:
             for c in completions:
                 ls = c.lease
                 cur = db.execute(
-                    "UPDATE urls SET state = 'done', status_code = ?, fetched_at = ?, "
-                    "content_hash = ?, body_bytes = ?, last_error = ?, lease_owner = NULL, "
-                    "lease_token = NULL, lease_expires_at = NULL "
+                    f"UPDATE urls SET {_DONE_SET} "
                     "WHERE url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?",
-                    (
-                        c.status,
-                        c.fetched_at,
-                        c.content_hash,
-                        c.body_bytes,
-                        c.error,
-                        ls.url_id,
-                        ls.version,
-                        ls.token,
-                    ),
+                    (*done_values(c), ls.url_id, ls.version, ls.token),
                 )
                 ok = cur.rowcount == 1
                 accepted.append(ok)
@@ -649,46 +735,60 @@ class SQLiteFrontier:
                 for r in c.records
             ]
             if records:
-                db.executemany(
-                    "INSERT INTO records(record_id, source, key, url, data, content_hash, "
-                    "first_seen, last_changed) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT(record_id) DO UPDATE SET data = excluded.data, "
-                    "content_hash = excluded.content_hash, "
-                    "last_changed = excluded.last_changed, url = excluded.url "
-                    "WHERE records.content_hash IS NOT excluded.content_hash",
-                    records,
-                )
+                db.executemany(_UPSERT_RECORD, records)
             links = [
-                (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind)
+                (
+                    u.url,
+                    u.host_key,
+                    u.state,
+                    u.reason,
+                    u.priority,
+                    u.depth,
+                    now,
+                    now,
+                    u.kind,
+                    u.hops,
+                )
                 for c in pages
                 for u in c.links
             ]
             links_new = self._insert_urls(db, links) if links else 0
-            indexed = [c for c in pages if c.lease.kind == PAGE]  # sitemaps emit no event
+            # Sitemaps emit no event; a round that changed nothing (304, same body) neither.
+            indexed = [c for c in pages if c.lease.kind == PAGE and c.changed]
             if indexed:
                 db.executemany(
                     "INSERT INTO events(url_id, url_version, url, status, fetched_at, "
-                    "content_hash, records, links, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "content_hash, records, links, warc_file, warc_offset, warc_length, "
+                    "payload_digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(url_id, url_version) DO NOTHING",
-                    [
-                        (
-                            c.lease.url_id,
-                            c.lease.version,
-                            c.lease.url,
-                            c.status,
-                            c.fetched_at,
-                            c.content_hash,
-                            len(c.records),
-                            len(c.links),
-                            now,
-                        )
-                        for c in indexed
-                    ],
+                    [event_values(c, now) for c in indexed],
                 )
+            bodies = [
+                (c.payload_digest, c.lease.url_id, c.lease.url, c.warc_file, c.warc_offset,
+                 c.warc_length, now)
+                for c in pages
+                if c.stored_body and c.payload_digest and c.warc_file is not None
+            ]
+            if bodies:
+                db.executemany(
+                    "INSERT OR IGNORE INTO bodies(payload_digest, url_id, url, warc_file, "
+                    "warc_offset, warc_length, first_seen) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    bodies,
+                )
+            for c in pages:
+                if c.redirect_to is not None and self._redirect_loop(db, c):
+                    db.execute(
+                        "UPDATE urls SET last_error = ? WHERE url_id = ?",
+                        (f"redirect loop via {c.redirect_to}", c.lease.url_id),
+                    )
+                    self._bump(db, "redirect_loops", 1)
             n_ok = sum(accepted)
             self._bump(db, "fetches", n_ok)
             self._bump(db, "completions_rejected", len(accepted) - n_ok)
             self._bump(db, "links_new", links_new)
+            self._bump(db, "url_duplicates", len(links) - links_new)
+            for name, n in completion_counters(pages).items():
+                self._bump(db, name, n)
             rejected: dict[str, int] = {}
             for c in pages:
                 for reason, n in c.rejections.items():
@@ -696,6 +796,14 @@ class SQLiteFrontier:
             for reason, n in rejected.items():
                 self._bump(db, f"links_rejected_{reason}", n)
         return accepted
+
+    @staticmethod
+    def _redirect_loop(db: sqlite3.Connection, c: Completion) -> bool:
+        def target_of(url: str) -> str | None:
+            row = db.execute("SELECT redirect_to FROM urls WHERE url = ?", (url,)).fetchone()
+            return row[0] if row else None
+
+        return redirect_loop(c.lease.url, c.redirect_to, target_of)
 
     def _store_robots(
         self, db: sqlite3.Connection, host_key: str, c: Completion, now: float, policy: HostPolicy
@@ -779,6 +887,9 @@ class SQLiteFrontier:
                 cur = db.execute(
                     "UPDATE urls SET state = ?, due_at = ?, attempts = attempts + 1, "
                     "last_error = ?, reason = ?, status_code = COALESCE(?, status_code), "
+                    "warc_file = COALESCE(?, warc_file), warc_offset = COALESCE(?, warc_offset), "
+                    "warc_length = COALESCE(?, warc_length), "
+                    "payload_digest = COALESCE(?, payload_digest), "
                     "lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL "
                     "WHERE url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?",
                     (
@@ -787,6 +898,10 @@ class SQLiteFrontier:
                         f.error,
                         f.error if final else None,
                         f.status,
+                        f.warc_file,
+                        f.warc_offset,
+                        f.warc_length,
+                        f.payload_digest,
                         ls.url_id,
                         ls.version,
                         ls.token,
@@ -799,6 +914,12 @@ class SQLiteFrontier:
             n_ok = sum(accepted)
             self._bump(db, "fetches", n_ok)
             self._bump(db, "fetch_errors", n_ok)
+            for f, ok in zip(failures, accepted, strict=True):
+                cls = status_class(f.status) if ok else None
+                if cls:
+                    self._bump(db, f"status_{cls}", 1)
+                if ok and f.retry_at is not None:
+                    self._bump(db, "retries", 1)
             self._bump(db, "completions_rejected", len(accepted) - n_ok)
         return accepted
 
@@ -913,9 +1034,9 @@ class SQLiteFrontier:
                 "MIN(CASE WHEN queued > 0 THEN MAX(next_allowed_at, backoff_until) END) FROM hosts"
             ).fetchone()
             next_due = (
-                self._db.execute("SELECT MIN(due_at) FROM urls WHERE state = 'queued'").fetchone()[
-                    0
-                ]
+                self._db.execute(
+                    "SELECT MIN(due_at) FROM urls INDEXED BY urls_due WHERE state = 'queued'"
+                ).fetchone()[0]
                 if queued
                 else None
             )
@@ -926,7 +1047,98 @@ class SQLiteFrontier:
                 if leased
                 else None
             )
-        return Progress(queued, leased, next_due, next_exp, host_ready)
+            next_refetch = self._db.execute(
+                "SELECT MIN(next_fetch_at) FROM urls INDEXED BY urls_refetch WHERE state = 'done'"
+            ).fetchone()[0]
+        return Progress(queued, leased, next_due, next_exp, host_ready, next_refetch)
+
+    # -- recrawl, content dedup, live control ----------------------------------------------------
+
+    def reschedule_due(self, now: float, limit: int) -> int:
+        with self._tx() as db:
+            n = db.execute(
+                "UPDATE urls SET state = 'queued', version = version + 1, due_at = next_fetch_at, "
+                "attempts = 0, reason = NULL WHERE url_id IN (SELECT url_id FROM urls "
+                "INDEXED BY urls_refetch WHERE state = 'done' AND next_fetch_at <= ? "
+                "AND kind IN ('page', 'sitemap') ORDER BY next_fetch_at LIMIT ?)",
+                (now, limit),
+            ).rowcount
+            self._bump(db, "revisits", n)
+            return n
+
+    def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
+        out: dict[str, tuple[str, int, int, str]] = {}
+        with self._lock:
+            for i in range(0, len(digests), 900):
+                chunk = list(digests[i : i + 900])
+                marks = ",".join("?" * len(chunk))
+                for d, f, o, n, u in self._db.execute(
+                    "SELECT payload_digest, warc_file, warc_offset, warc_length, url FROM bodies "
+                    f"WHERE payload_digest IN ({marks})",
+                    chunk,
+                ):
+                    out[d] = (f, o, n, u)
+        return out
+
+    def body_digests(self) -> Iterable[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT payload_digest FROM bodies")]
+
+    def simhashes(self) -> Iterable[tuple[int, int, int | None]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT url_id, simhash, near_dup_of FROM urls WHERE simhash IS NOT NULL"
+            ).fetchall()
+        return [(u, h & 0xFFFFFFFFFFFFFFFF, n) for u, h, n in rows]
+
+    def reparse_candidates(
+        self, where_failed: bool, after_id: int, limit: int
+    ) -> list[dict[str, Any]]:
+        where = "url_id > ? AND warc_file IS NOT NULL AND kind = 'page' AND " + (
+            "state = 'failed' AND last_error LIKE 'parse%'"
+            if where_failed
+            else "state IN ('done', 'failed')"
+        )
+        with self._lock:
+            cur = self._db.execute(
+                f"SELECT {REPARSE_COLS} FROM urls WHERE {where} ORDER BY url_id LIMIT ?",
+                (after_id, limit),
+            )
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def apply_reparse(self, items: Sequence[Reparsed], now: float) -> int:
+        if not items:
+            return 0
+        with self._tx() as db:
+            records = [
+                (r.record_id, r.source, r.key, it.url, r.data_json, r.content_hash, now, now)
+                for it in items
+                if it.error is None
+                for r in it.records
+            ]
+            db.executemany(_UPSERT_RECORD, records)
+            links = [
+                (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind,
+                 u.hops)
+                for it in items
+                if it.error is None
+                for u in it.links
+            ]
+            new = self._insert_urls(db, links) if links else 0
+            db.executemany(
+                "UPDATE urls SET state = CASE WHEN ?1 IS NULL AND state = 'failed' THEN 'done' "
+                "ELSE state END, last_error = ?1, reason = CASE WHEN ?1 IS NULL THEN NULL "
+                "ELSE reason END WHERE url_id = ?2",
+                [(it.error, it.url_id) for it in items],
+            )
+            self._bump(db, "reparsed", len(items))
+            self._bump(db, "links_new", new)
+            return len(records)
+
+    def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
+        with self._tx() as db:
+            return _control(db, action, host_key, value, self._bump)
 
     def set_host_overrides(
         self, host_key: str, *, delay: float | None, max_in_flight: int | None
@@ -1070,6 +1282,172 @@ class SQLiteFrontier:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    # -- outputs: events and exports --
+    # Read side of R21/R22. Streams page through the primary key (keyset, one short read under
+    # the lock per batch): the engine thread shares this connection, so an export must neither
+    # hold it for its whole run nor keep every row in memory. A row that changes while an export
+    # runs appears once, as its batch saw it.
+
+    _EVENT_COLS = (
+        "event_id, url_id, url_version, url, status, fetched_at, content_hash, records, links, "
+        "warc_file, warc_offset, warc_length, created_at"
+    )
+    _URL_COLS = (
+        "url_id, url, state, reason, kind, version, status_code, fetched_at, body_bytes, "
+        "content_hash, depth, next_fetch_at"
+    )
+    _RECORD_COLS = "record_id, source, key, url, data, content_hash, first_seen, last_changed"
+
+    def _dicts(self, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute(query, params)
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def _keyset(
+        self, table: str, cols: str, key: str, start: Any, batch: int
+    ) -> Iterator[dict[str, Any]]:
+        if batch <= 0:
+            raise ValueError(f"batch must be positive, got {batch}")
+        last = start
+        while True:
+            rows = self._dicts(
+                f"SELECT {cols} FROM {table} WHERE {key} > ? ORDER BY {key} LIMIT ?", (last, batch)
+            )
+            yield from rows
+            if len(rows) < batch:
+                return
+            last = rows[-1][key]
+
+    def events_after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
+        if limit <= 0:
+            return []
+        return self._dicts(
+            f"SELECT {self._EVENT_COLS} FROM events WHERE event_id > ? ORDER BY event_id LIMIT ?",
+            (cursor, limit),
+        )
+
+    def get_cursor(self, consumer: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT cursor FROM deliveries WHERE consumer = ?", (consumer,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_cursor(self, consumer: str, cursor: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO deliveries(consumer, cursor) VALUES (?, ?) ON CONFLICT(consumer) "
+                "DO UPDATE SET cursor = MAX(deliveries.cursor, excluded.cursor)",
+                (consumer, cursor),
+            )
+
+    def iter_urls(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
+        return self._keyset("urls", self._URL_COLS, "url_id", 0, batch)
+
+    def iter_events(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
+        return self._keyset("events", self._EVENT_COLS, "event_id", 0, batch)
+
+    def iter_records(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
+        return self._keyset("records", self._RECORD_COLS, "record_id", "", batch)
+
+    def aggregates(self) -> dict[str, Any]:
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN")  # one read snapshot for all the GROUP BYs
+            try:
+                by_state = dict.fromkeys(STATES, 0)
+                by_state.update(db.execute("SELECT state, count(*) FROM urls GROUP BY state"))
+                by_status = dict(
+                    db.execute(
+                        "SELECT status_code, count(*) FROM urls WHERE status_code IS NOT NULL "
+                        "GROUP BY status_code ORDER BY status_code"
+                    )
+                )
+                fetched, body_bytes = db.execute(
+                    "SELECT count(fetched_at), COALESCE(SUM(body_bytes), 0) FROM urls"
+                ).fetchone()
+                by_source = dict(
+                    db.execute(
+                        "SELECT source, count(*) FROM records GROUP BY source ORDER BY source"
+                    )
+                )
+                (events,) = db.execute("SELECT count(*) FROM events").fetchone()
+            finally:
+                db.execute("COMMIT")
+        return {
+            "urls": sum(by_state.values()),
+            "urls_by_state": by_state,
+            "fetched": fetched,
+            "status_codes": by_status,
+            "body_bytes": body_bytes,
+            "records": sum(by_source.values()),
+            "records_by_source": by_source,
+            "events": events,
+        }
+
+
+def _control(
+    db: sqlite3.Connection,
+    action: str,
+    host_key: str | None,
+    value: Any,
+    bump: Any,
+) -> int:
+    """The live-control actions; every running process sees them at its next lease."""
+    if host_key is None:
+        if action not in ("pause", "resume"):
+            raise ValueError(f"control {action} needs a host")
+        db.execute(
+            "INSERT INTO meta(key, value) VALUES ('paused', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            ("1" if action == "pause" else "0",),
+        )
+        return 1
+    db.execute("INSERT OR IGNORE INTO hosts(host_key) VALUES (?)", (host_key,))
+    if action == "pause":
+        return db.execute(
+            "UPDATE hosts SET paused = 1, pause_reason = 'paused by operator' WHERE host_key = ?",
+            (host_key,),
+        ).rowcount
+    if action in ("resume", "unblock"):
+        n = db.execute(
+            "UPDATE hosts SET paused = 0, pause_reason = NULL WHERE host_key = ?", (host_key,)
+        ).rowcount
+        if action == "unblock":
+            db.execute(
+                "UPDATE urls SET state = 'queued', reason = NULL WHERE host_key = ? "
+                "AND state = 'deferred' AND reason = 'blocked by operator'",
+                (host_key,),
+            )
+        return n
+    if action == "block":
+        db.execute(
+            "UPDATE hosts SET paused = 1, pause_reason = 'blocked by operator' "
+            "WHERE host_key = ?",
+            (host_key,),
+        )
+        n = db.execute(
+            "UPDATE urls SET state = 'deferred', reason = 'blocked by operator' "
+            "WHERE host_key = ? AND state = 'queued'",
+            (host_key,),
+        ).rowcount
+        bump(db, "urls_deferred", n)
+        return 1
+    if action == "set-delay":
+        delay = float(value)
+        if not delay >= 0:
+            raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
+        return db.execute(
+            "UPDATE hosts SET delay = ? WHERE host_key = ?", (delay, host_key)
+        ).rowcount
+    if action == "set-budget":
+        return db.execute(
+            "UPDATE hosts SET budget = ? WHERE host_key = ?",
+            (None if value is None else int(value), host_key),
+        ).rowcount
+    raise ValueError(f"unknown control action {action!r}")
 
 
 def _split_sql(script: str) -> list[str]:
