@@ -136,6 +136,7 @@ def test_crawl_status_export_roundtrip(shop: ShopServer, tmp_path: Path) -> None
         "data",
         "first_seen",
         "last_changed",
+        "content_hash",
     }
     res = run_cli("export", "--db", db, "--format", "csv")
     table = list(csv.DictReader(io.StringIO(res.stdout)))

@@ -7,7 +7,6 @@ on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
@@ -24,6 +23,8 @@ from .config import (
     default_parse_workers,
     load_config_file,
 )
+from .events import WebhookError
+from .export import ExportError
 from .fetch import parse_allow_list
 from .frontier import FrontierError, open_frontier
 from .parse import SpiderLoadError
@@ -350,13 +351,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser(
         "export",
-        help="export stored records",
-        description="Write every stored record (record_id, source, key, url, "
-        "data, first_seen, last_changed).",
+        help="export records, URL states, index events or aggregates",
+        description="Stream stored rows out of a crawl database (bounded memory). Aggregates "
+        "(counts by status and state, bytes, records per source) are recomputed from the "
+        "stored rows, never from running counters (R22).",
     )
     e.add_argument("--db", required=True)
-    e.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    e.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl")
+    e.add_argument(
+        "--what", choices=("records", "urls", "events", "aggregates"), default="records"
+    )
     e.add_argument("-o", "--output", default="-", help="output file (default stdout)")
+
+    ev = sub.add_parser(
+        "events",
+        help="read index events after a cursor, or deliver them to a webhook",
+        description="One JSON line per completed URL version that changed (R21), with a "
+        "monotonically increasing 'cursor'; --webhook POSTs each with an Idempotency-Key header, "
+        "retrying with back-off and remembering what was acknowledged, so a restart resumes.",
+    )
+    ev.add_argument("--db", required=True)
+    ev.add_argument("--after", type=_non_negative_int, default=0, metavar="CURSOR")
+    ev.add_argument("--limit", type=_positive_int, default=None)
+    ev.add_argument("--follow", action="store_true", help="keep waiting for new events")
+    ev.add_argument("--webhook", metavar="URL", help="deliver to this http(s) URL")
+    ev.add_argument("--consumer", help="delivery cursor name (default 'webhook')")
+
+    rp = sub.add_parser(
+        "reparse",
+        help="parse archived bodies again (no network), e.g. after fixing a spider",
+        description="Read every archived page (or, with --where-failed, those whose parse "
+        "failed) from the WARC store, run the spider on it and write records and links. "
+        "Makes no request to any site.",
+    )
+    rp.add_argument("--db", required=True)
+    rp.add_argument("--spider", help="FILE.py:Class or module:Class")
+    rp.add_argument("--where-failed", action="store_true")
+    rp.add_argument("--warc-dir", help="WARC directory (default: DB path + '.warc')")
+    rp.add_argument("--scope", choices=("host", "domain", "any"), default="host")
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--quiet", action="store_true")
 
     s = sub.add_parser("status", help="show the state of a crawl database")
     s.add_argument("--db", required=True)
@@ -650,25 +684,65 @@ def _open_existing(db: str) -> Any:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
+    from .export import export
+
     f = _open_existing(a.db)
-    cols = ["record_id", "source", "key", "url", "data", "first_seen", "last_changed"]
-    n = 0
-    with _output(a.output) as out:
-        if a.format == "csv":
-            w = csv.writer(out)
-            w.writerow(cols)
-            for r in f.records():
-                w.writerow([r[c] for c in cols])
-                n += 1
-        else:
-            for r in f.records():
-                row = {c: r[c] for c in cols}
-                row["data"] = json.loads(row["data"])
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
-                n += 1
-    f.close()
+    try:
+        n = export(f, a.format, a.what, a.output)
+    finally:
+        f.close()
     if a.output != "-":
-        print(f"exported {n} records to {a.output}", file=sys.stderr)
+        print(f"exported {n} {a.what} rows to {a.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_events(a: argparse.Namespace) -> int:
+    """Index events with a cursor (R21), or delivered to a webhook with idempotency keys."""
+    from .events import deliver_webhook, write_events
+
+    f = _open_existing(a.db)
+    try:
+        if a.webhook:
+            consumer = a.consumer or "webhook"
+            if a.after:
+                f.set_cursor(consumer, a.after)
+            stats = deliver_webhook(f, a.webhook, consumer, stop_when_idle=not a.follow)
+            print(json.dumps(stats.as_dict(), sort_keys=True), file=sys.stderr)
+        else:
+            write_events(f, sys.stdout, a.after, a.limit, a.follow)
+    finally:
+        f.close()
+    return 0
+
+
+def cmd_reparse(a: argparse.Namespace) -> int:
+    """Parse archived bodies again with the (fixed) spider; no request leaves the machine."""
+    from .reparse import reparse
+
+    def show(s: Any) -> None:
+        if not a.quiet:
+            print(
+                f"reparsed {s.pages} pages, {s.records} records, {s.failed} failed, "
+                f"{s.missing} unreadable",
+                file=sys.stderr,
+            )
+
+    try:
+        summary = reparse(
+            a.db,
+            spider=a.spider,
+            where_failed=a.where_failed,
+            warc_dir=a.warc_dir,
+            scope=a.scope,
+            progress=show,
+        )
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    out = {k: v for k, v in summary.__dict__.items()}
+    out["requests"] = 0
+    print(json.dumps(out, sort_keys=True) if a.json else
+          f"reparsed {summary.pages} pages: {summary.records} records written, "
+          f"{summary.failed} parse failures, {summary.missing} unreadable, 0 requests")
     return 0
 
 
@@ -680,6 +754,7 @@ def status_dict(db: str) -> dict[str, Any]:
         s = f.stats()
         hosts = f.hosts_report(time.time())
         audit = f.lease_audit()
+        aggregates = f.aggregates()
     finally:
         f.close()
     fetches = s.counters.get("fetches", 0)
@@ -707,6 +782,8 @@ def status_dict(db: str) -> dict[str, Any]:
         "host_backoffs": s.counters.get("host_backoffs", 0),
         "breaker_trips": s.counters.get("breaker_trips", 0),
         "politeness": audit,
+        "aggregates": aggregates,
+        "counters": s.counters,
         "hosts_in_backoff": sum(1 for h in hosts if h["in_backoff"]),
         "host_states": hosts,
         "group_commit": {
@@ -719,7 +796,7 @@ def status_dict(db: str) -> dict[str, Any]:
 def cmd_status(a: argparse.Namespace) -> int:
     d = status_dict(a.db)
     if a.json:
-        print(json.dumps(d, sort_keys=True))
+        print(json.dumps(d, sort_keys=True, default=str))
         return 0
     print(f"crawl database   {d['db']}")
     print(
@@ -765,6 +842,9 @@ def cmd_status(a: argparse.Namespace) -> int:
         )
     if len(d["host_states"]) > 20:
         print(f"  … {len(d['host_states']) - 20} more hosts (status --json lists all)")
+    from .export import render_aggregates
+
+    print(render_aggregates(d["aggregates"]))
     gc = d["group_commit"]
     print(
         f"group commit     <= {gc['max_completions']} completions per transaction, lingering "
@@ -910,6 +990,8 @@ COMMANDS = {
     "demo": cmd_demo,
     "chaos": cmd_chaos,
     "control": cmd_control,
+    "events": cmd_events,
+    "reparse": cmd_reparse,
 }
 
 
@@ -934,7 +1016,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, InvalidURL, SpiderLoadError, FrontierError) as exc:
+    except (
+        UsageError,
+        InvalidURL,
+        SpiderLoadError,
+        FrontierError,
+        ExportError,
+        WebhookError,
+        ConfigFileError,
+    ) as exc:
         print(f"idemcrawl {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

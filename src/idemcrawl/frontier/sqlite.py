@@ -1291,7 +1291,7 @@ class SQLiteFrontier:
 
     _EVENT_COLS = (
         "event_id, url_id, url_version, url, status, fetched_at, content_hash, records, links, "
-        "warc_file, warc_offset, warc_length, created_at"
+        "warc_file, warc_offset, warc_length, payload_digest, created_at"
     )
     _URL_COLS = (
         "url_id, url, state, reason, kind, version, status_code, fetched_at, body_bytes, "
