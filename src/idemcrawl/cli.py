@@ -377,6 +377,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--webhook", metavar="URL", help="deliver to this http(s) URL")
     ev.add_argument("--consumer", help="delivery cursor name (default 'webhook')")
 
+    sv = sub.add_parser(
+        "serve",
+        help="a read-only dashboard of a crawl on 127.0.0.1",
+        description="Serve a small self-refreshing page (throughput over time, status classes, "
+        "slowest hosts and hosts backing off, recent errors, trap triggers) read from the crawl "
+        "database, so it shows every process of the crawl. Loopback only.",
+    )
+    sv.add_argument("--db", required=True)
+    sv.add_argument("--port", type=_non_negative_int, default=8089)
+    sv.add_argument("--host", default="127.0.0.1", help="a loopback address")
+
     rp = sub.add_parser(
         "reparse",
         help="parse archived bodies again (no network), e.g. after fixing a spider",
@@ -715,6 +726,16 @@ def cmd_events(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    from .serve import serve
+
+    try:
+        serve(a.db, a.port, a.host)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
 def cmd_reparse(a: argparse.Namespace) -> int:
     """Parse archived bodies again with the (fixed) spider; no request leaves the machine."""
     from .reparse import reparse
@@ -992,6 +1013,7 @@ COMMANDS = {
     "control": cmd_control,
     "events": cmd_events,
     "reparse": cmd_reparse,
+    "serve": cmd_serve,
 }
 
 

@@ -172,3 +172,17 @@ def test_reparse_candidates_and_apply(frontier: Frontier) -> None:
     assert frontier.url_row("http://a/new")["state"] == "queued"
     assert frontier.stats().records == 1
     assert frontier.reparse_candidates(True, 0, 10) == []
+
+
+def test_eligibility_histogram_and_recent_errors(frontier: Frontier) -> None:
+    frontier.add([NewURL(f"http://a/{i}", "http://a") for i in range(3)], T0)
+    a, b, c = frontier.lease("w", 3, T0 + 2, 30, FAST)  # eligible at T0, granted 2 s later
+    h = frontier.eligibility_delay_histogram([1.0, 5.0])
+    assert h["counts"] == [0, 3, 3]
+    assert h["sum"] == pytest.approx(6.0)
+    frontier.fail([Failure(a, "timeout", None)], T0 + 3, FAST)
+    frontier.complete([Completion(b, 200, T0 + 4, error="cut: max_bytes")], T0 + 4, FAST)
+    errs = frontier.recent_errors(10)
+    assert [e["last_error"] for e in errs][:1] == ["cut: max_bytes"]
+    assert {e["url"] for e in errs} == {a.url, b.url}
+    del c

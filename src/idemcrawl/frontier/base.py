@@ -437,6 +437,16 @@ class Frontier(Protocol):
         failed before and succeeds now becomes ``done``. Returns records written."""
         ...
 
+    def eligibility_delay_histogram(self, bounds: Sequence[float]) -> dict[str, Any]:
+        """Lease-log eligibility delays (due → granted) as a cumulative histogram (R24):
+        ``counts[i]`` grants with delay <= ``bounds[i]`` (finite bounds) then the total as the +inf
+        bucket, and ``sum``."""
+        ...
+
+    def recent_errors(self, limit: int) -> list[dict[str, Any]]:
+        """URLs with a ``last_error``, newest fetch first (dashboard)."""
+        ...
+
     def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
         """Live control (R23, issue 9): pause/resume/block/unblock a host or the whole crawl,
         set a host's delay. Takes effect at the next lease of every process. Returns rows hit."""

@@ -1679,6 +1679,33 @@ class PostgresFrontier:
 
         return self._run(tx_apply)
 
+    def eligibility_delay_histogram(self, bounds: Sequence[float]) -> dict[str, Any]:
+        bounds = [float(b) for b in bounds if not math.isinf(b)]  # +inf is the total count
+        delay = "GREATEST(0, granted_at - eligible_at)"
+        cases = "".join(f"count(*) FILTER (WHERE {delay} <= %s), " for _ in bounds)
+        row = self._run(
+            lambda tx: tx.cur.execute(
+                f"SELECT {cases}count(*), COALESCE(SUM({delay}), 0) FROM lease_log",
+                [float(b) for b in bounds],
+            ).fetchone(),
+            write=False,
+        )
+        assert row is not None
+        return {"counts": [int(x or 0) for x in row[:-1]], "sum": float(row[-1])}
+
+    def recent_errors(self, limit: int) -> list[dict[str, Any]]:
+        def tx_errors(tx: _Tx) -> list[dict[str, Any]]:
+            cur = tx.cur.execute(
+                "SELECT url, host_key, state, status_code, last_error, fetched_at FROM urls "
+                "WHERE last_error IS NOT NULL ORDER BY COALESCE(fetched_at, due_at) DESC "
+                "LIMIT %s",
+                (limit,),
+            )
+            cols = [d[0] for d in cur.description or ()]
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+        return self._run(tx_errors, write=False)
+
     def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
         def tx_control(tx: _Tx) -> int:
             cur = tx.cur

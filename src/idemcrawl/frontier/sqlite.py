@@ -1136,6 +1136,28 @@ class SQLiteFrontier:
             self._bump(db, "links_new", new)
             return len(records)
 
+    def eligibility_delay_histogram(self, bounds: Sequence[float]) -> dict[str, Any]:
+        bounds = [float(b) for b in bounds if not math.isinf(b)]  # +inf is the total count
+        delay = "MAX(0, granted_at - eligible_at)"
+        cases = "".join(f"SUM({delay} <= ?), " for _ in bounds)
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {cases}count(*), COALESCE(SUM({delay}), 0) FROM lease_log",
+                [float(b) for b in bounds],
+            ).fetchone()
+        return {"counts": [int(x or 0) for x in row[:-1]], "sum": float(row[-1])}
+
+    def recent_errors(self, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT url, host_key, state, status_code, last_error, fetched_at FROM urls "
+                "WHERE last_error IS NOT NULL ORDER BY COALESCE(fetched_at, due_at) DESC "
+                "LIMIT ?",
+                (limit,),
+            )
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
     def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
         with self._tx() as db:
             return _control(db, action, host_key, value, self._bump)
