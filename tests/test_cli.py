@@ -213,6 +213,17 @@ def test_config_file_errors_name_key_and_line(tmp_path: Path) -> None:
     cfg.write_text("delay = \n")
     res = run_cli("crawl", "--db", str(tmp_path / "x.db"), "--config", str(cfg))
     _assert_one_line_error(res, str(cfg))
+    for text, expected in (
+        ("concurrency = 2\ndelay = -1\n", ":2: delay must be >= 0"),
+        ('[hosts."a.example"]\nbudget = 0\n', ":2: budget must be >= 1"),
+        ('pins = ["(oops=5"]\n', ":1: pin '(oops=5': bad regular expression"),
+        ("[hosts.\n", "c.toml"),  # malformed TOML: the parser's line and column
+    ):
+        cfg.write_text(text)
+        res = run_cli(
+            "crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "x.db"), "--config", str(cfg)
+        )
+        _assert_one_line_error(res, expected)
 
 
 def test_config_file_and_flags_set_host_overrides(shop: ShopServer, tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
-"""Tests for fetching: the SSRF guard, the guarded resolver and the Fetcher on loopback.
+"""Tests for the Fetcher on loopback: results, limits, content decoding and timeouts.
 
-Network rule for this module: only loopback is ever connected to. Non-loopback addresses are
-only *classified*. Every end-to-end test runs with :class:`ConnectSpy` on its event loop, which
-records each address a socket connects to and refuses anything that is not loopback, so even a
-broken guard cannot reach the network; names are resolved by :class:`FakeResolver`, never DNS.
+SSRF tests live in test_ssrf.py, hostile-site tests in testsite/test_hostile.py; both reuse the
+helpers defined here. Network rule: only loopback is ever connected to. Every end-to-end test
+runs with :class:`ConnectSpy` on its event loop, which records each address a socket connects to
+and refuses anything that is not loopback, so even a broken guard cannot reach the network;
+names are resolved by :class:`FakeResolver`, never DNS.
 """
 
 from __future__ import annotations
@@ -13,121 +14,38 @@ import email.utils
 import errno
 import gzip
 import ipaddress
-import re
 import socket
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+import brotli
 import pytest
+import zstandard
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from idemcrawl.fetch import (
-    AddressPolicy,
-    BlockedAddress,
     Fetcher,
     FetchError,
     FetchResult,
     FetchSettings,
-    GuardedResolver,
+    _decoder_for,
+    accept_encoding,
     parse_allow_list,
     retry_after_seconds,
 )
+from idemcrawl.testsite.hostile import bomb_blob
 
 T = TypeVar("T")
 
 LOOPBACK_ONLY = parse_allow_list(["127.0.0.1"])
-ip = ipaddress.ip_address
 
 
-# -- AddressPolicy ----------------------------------------------------------------------------
+# -- a fake resolver -------------------------------------------------------------------------
 
-# (address, what the reason must name). The label ("private", "link-local"...) is not checked
-# beyond loopback: which ``ipaddress`` flag fires first varies between Python releases.
-FORBIDDEN = [
-    ("127.0.0.1", "loopback address 127.0.0.1"),
-    ("10.0.0.1", "10.0.0.1"),
-    ("172.16.0.1", "172.16.0.1"),
-    ("192.168.1.1", "192.168.1.1"),
-    ("169.254.169.254", "169.254.169.254"),  # cloud metadata endpoint
-    ("100.64.0.1", "special-purpose address 100.64.0.1"),  # CGNAT: only _EXTRA_FORBIDDEN
-    ("224.0.0.1", "224.0.0.1"),
-    ("0.0.0.0", "0.0.0.0"),
-    ("240.0.0.1", "240.0.0.1"),
-    ("192.0.0.8", "192.0.0.8"),
-    ("198.18.0.1", "198.18.0.1"),
-    ("::1", "loopback address ::1"),
-    ("fe80::1", "fe80::1"),
-    ("fc00::1", "fc00::1"),
-    ("::", "address ::"),
-    ("::ffff:127.0.0.1", "loopback address 127.0.0.1"),  # IPv4-mapped: judged as IPv4
-    ("::ffff:10.0.0.1", "address 10.0.0.1"),
-    ("::ffff:169.254.169.254", "address 169.254.169.254"),
-    ("64:ff9b::a00:1", "64:ff9b::a00:1"),  # NAT64 of 10.0.0.1
-]
-
-
-@pytest.mark.parametrize(("address", "shown"), FORBIDDEN)
-def test_forbidden_addresses(address: str, shown: str) -> None:
-    reason = AddressPolicy().forbidden_reason(ip(address))
-    assert reason is not None
-    assert reason.endswith(shown)
-    with pytest.raises(BlockedAddress, match=re.escape(shown)):
-        AddressPolicy().check("evil.test", address)
-
-
-@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2001:4860:4860::8888"])
-def test_global_addresses_are_allowed(address: str) -> None:
-    # Classified only; nothing in this module ever connects to them.
-    assert AddressPolicy().forbidden_reason(ip(address)) is None
-    AddressPolicy().check("public.test", address)  # does not raise
-
-
-def test_6to4_of_private_ipv4_is_forbidden() -> None:
-    assert AddressPolicy().forbidden_reason(ip("2002:a00:1::")) is not None
-
-
-def test_allow_list_single_address() -> None:
-    policy = AddressPolicy(parse_allow_list(["127.0.0.1"]))
-    assert policy.forbidden_reason(ip("127.0.0.1")) is None
-    assert policy.forbidden_reason(ip("::ffff:127.0.0.1")) is None  # mapped form too
-    assert policy.forbidden_reason(ip("127.0.0.2")) is not None
-    assert policy.forbidden_reason(ip("10.0.0.1")) is not None
-    assert policy.forbidden_reason(ip("::1")) is not None
-
-
-def test_allow_list_cidr() -> None:
-    policy = AddressPolicy(parse_allow_list(["127.0.0.0/8", " fd00::/8 "]))
-    assert policy.forbidden_reason(ip("127.0.0.2")) is None
-    assert policy.forbidden_reason(ip("127.255.255.254")) is None
-    assert policy.forbidden_reason(ip("fd12::1")) is None
-    assert policy.forbidden_reason(ip("10.0.0.1")) is not None
-
-
-def test_parse_allow_list_values() -> None:
-    assert parse_allow_list([]) == ()
-    assert parse_allow_list(["127.0.0.1"]) == (ipaddress.ip_network("127.0.0.1/32"),)
-    # Host bits are tolerated (strict=False): the network is what counts.
-    assert parse_allow_list(["10.1.2.3/8"]) == (ipaddress.ip_network("10.0.0.0/8"),)
-
-
-@pytest.mark.parametrize("bad", ["nope", "10.0.0.0/33", "", "localhost"])
-def test_parse_allow_list_rejects_garbage(bad: str) -> None:
-    with pytest.raises(ValueError, match=f"--allow-private: {bad!r} is not an address or CIDR"):
-        parse_allow_list(["127.0.0.1", bad])
-
-
-def test_check_raises_blocked_address_and_handles_scope_id() -> None:
-    with pytest.raises(BlockedAddress, match=r"evil\.test -> private address 10\.0\.0\.1"):
-        AddressPolicy().check("evil.test", "10.0.0.1")
-    with pytest.raises(BlockedAddress, match="address fe80::1 refused"):
-        AddressPolicy().check("evil.test", "fe80::1%eth0")
-    assert issubclass(BlockedAddress, OSError)  # aiohttp wraps OSErrors from resolvers
-
-
-# -- a fake resolver and GuardedResolver ------------------------------------------------------
 
 
 class FakeResolver(AbstractResolver):
@@ -158,47 +76,6 @@ class FakeResolver(AbstractResolver):
 
     async def close(self) -> None:
         self.closed = True
-
-
-def test_guarded_resolver_drops_forbidden_addresses() -> None:
-    inner = FakeResolver({"mixed.test": ["10.0.0.1", "8.8.8.8", "::1", "2001:4860:4860::8888"]})
-    guard = GuardedResolver(AddressPolicy(), inner)
-    got = asyncio.run(guard.resolve("mixed.test", 8080, socket.AF_UNSPEC))
-    assert [r["host"] for r in got] == ["8.8.8.8", "2001:4860:4860::8888"]
-    assert all(r["port"] == 8080 for r in got)
-    assert inner.calls == [("mixed.test", 8080, socket.AF_UNSPEC)]
-
-
-def test_guarded_resolver_respects_allow_list() -> None:
-    inner = FakeResolver({"shop.test": ["10.0.0.1", "127.0.0.1", "127.0.0.2"]})
-    guard = GuardedResolver(AddressPolicy(LOOPBACK_ONLY), inner)
-    got = asyncio.run(guard.resolve("shop.test", 80))
-    assert [r["host"] for r in got] == ["127.0.0.1"]
-
-
-def test_guarded_resolver_raises_when_nothing_is_left() -> None:
-    inner = FakeResolver({"evil.test": ["10.0.0.1", "169.254.169.254"]})
-    guard = GuardedResolver(AddressPolicy(), inner)
-    with pytest.raises(BlockedAddress, match=r"evil\.test -> .*refused"):
-        asyncio.run(guard.resolve("evil.test", 80))
-    assert [c[0] for c in inner.calls] == ["evil.test"]
-
-
-def test_guarded_resolver_empty_answer_is_retryable() -> None:
-    guard = GuardedResolver(AddressPolicy(), FakeResolver({"empty.test": []}))
-    with pytest.raises(OSError, match="no address") as info:
-        asyncio.run(guard.resolve("empty.test", 80))
-    assert not isinstance(info.value, BlockedAddress)  # a DNS failure is retryable
-
-
-def test_guarded_resolver_passes_inner_errors_and_close() -> None:
-    inner = FakeResolver()
-    guard = GuardedResolver(AddressPolicy(), inner)
-    with pytest.raises(OSError, match="unknown name") as info:
-        asyncio.run(guard.resolve("unknown.test", 80))
-    assert not isinstance(info.value, BlockedAddress)
-    asyncio.run(guard.close())
-    assert inner.closed
 
 
 # -- loopback server, connection spy and runner -----------------------------------------------
@@ -237,12 +114,40 @@ class ConnectSpy:
         return await self._create_connection(*args, **kwargs)
 
 
+PLAIN = b"<p>compressible</p>" * 4000  # 76,000 bytes
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    c = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()
+
+
+# variant -> (Content-Encoding header, body). Every body decodes to PLAIN.
+ENCODED: dict[str, tuple[str, bytes]] = {
+    "gzip": ("gzip", gzip.compress(PLAIN)),
+    "x-gzip": ("x-gzip", gzip.compress(PLAIN)),
+    "gzip-members": ("gzip", gzip.compress(PLAIN[:30_000]) + gzip.compress(PLAIN[30_000:])),
+    "zlib-as-gzip": ("gzip", zlib.compress(PLAIN)),
+    "deflate": ("deflate", zlib.compress(PLAIN)),
+    "deflate-raw": ("deflate", _raw_deflate(PLAIN)),
+    "br": ("br", brotli.compress(PLAIN)),
+    "zstd": ("zstd", zstandard.ZstdCompressor().compress(PLAIN)),
+    "zstd-frames": (
+        "zstd",
+        zstandard.ZstdCompressor().compress(PLAIN[:30_000])
+        + zstandard.ZstdCompressor().compress(PLAIN[30_000:]),
+    ),
+    "identity": ("identity", PLAIN),
+    "upper-case": ("GZIP", gzip.compress(PLAIN)),
+}
+
+
 class LoopbackServer:
     """A tiny aiohttp.web app on 127.0.0.1 with a few behaviours, logging what it receives."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, str]]] = []
-        self.release = asyncio.Event()  # lets /slow finish so shutdown is immediate
+        self.release = asyncio.Event()  # lets /slow and /stall finish so shutdown is immediate
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -260,14 +165,40 @@ class LoopbackServer:
             return web.Response(status=302, headers={"Location": "/target"})
         if path == "/big":
             return web.Response(body=b"0123456789" * 20_000, content_type="text/plain")
-        if path == "/gzip":
-            body = gzip.compress(GZIP_PLAIN)
-            return web.Response(
-                body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/html"}
-            )
+        if path.startswith("/enc/"):
+            coding, body = ENCODED[path.removeprefix("/enc/")]
+            headers = {"Content-Encoding": coding, "Content-Type": "text/html"}
+            return web.Response(body=body, headers=headers)
+        if path == "/bad-gzip":
+            headers = {"Content-Encoding": "gzip", "Content-Type": "text/html"}
+            return web.Response(body=b"this is not gzip at all" * 10, headers=headers)
+        if path == "/cut-gzip":  # a whole HTTP message, but the gzip stream inside ends early
+            headers = {"Content-Encoding": "gzip", "Content-Type": "text/html"}
+            return web.Response(body=gzip.compress(PLAIN)[:-20], headers=headers)
+        if path == "/compress":
+            headers = {"Content-Encoding": "compress", "Content-Type": "text/html"}
+            return web.Response(body=b"\x1f\x9d raw lzw", headers=headers)
+        if path == "/stacked":
+            headers = {"Content-Encoding": "gzip, br", "Content-Type": "text/html"}
+            return web.Response(body=brotli.compress(gzip.compress(PLAIN)), headers=headers)
+        if path == "/huge-header":
+            return web.Response(text="x", headers={"X-Big": "h" * 100_000})
         if path == "/slow":
             await asyncio.wait_for(self.release.wait(), 5)
             return web.Response(text="late")
+        if path == "/stall":  # the head and a few bytes, then nothing
+            resp = web.StreamResponse(headers={"Content-Type": "text/html"})
+            await resp.prepare(request)
+            await resp.write(b"partial")
+            await asyncio.wait_for(self.release.wait(), 5)
+            return resp
+        if path == "/drip":  # a byte every 50 ms, for a second at most
+            resp = web.StreamResponse(headers={"Content-Type": "text/html"})
+            await resp.prepare(request)
+            for _ in range(20):
+                await resp.write(b".")
+                await asyncio.sleep(0.05)
+            return resp
         if path == "/close":
             resp = web.Response(text="closing")
             resp.force_close()
@@ -293,9 +224,6 @@ class LoopbackServer:
         self.release.set()
         assert self._runner is not None
         await self._runner.cleanup()
-
-
-GZIP_PLAIN = b"<p>compressible</p>" * 4000
 
 
 def run(
@@ -326,6 +254,16 @@ async def fetch_error(f: Fetcher, url: str) -> FetchError:
     raise AssertionError(f"fetching {url} did not raise FetchError")
 
 
+def fetch_one(path: str, **settings: Any) -> FetchResult:
+    """Fetch one loopback path with the given settings (loopback allowed)."""
+
+    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchResult:
+        async with fetcher(allow_private=LOOPBACK_ONLY, **settings) as f:
+            return await f.fetch(server.url(path))
+
+    return run(scenario)[0]
+
+
 # -- Fetcher end to end -----------------------------------------------------------------------
 
 
@@ -343,10 +281,42 @@ def test_get_with_allow_list() -> None:
     assert res.headers["content-type"].startswith("text/html")
     assert all(k == k.lower() for k in res.headers)
     assert not res.truncated
+    assert res.cut_reason is None
     assert res.elapsed >= 0
     assert server.paths == ["/page?x=1"]
     assert server.requests[0][1]["User-Agent"] == "ua-test/1"
     assert spy.addresses == [("127.0.0.1", server.port)]
+
+
+def test_result_records_the_exchange_for_warc() -> None:
+    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchResult:
+        async with fetcher(allow_private=LOOPBACK_ONLY, user_agent="ua-test/1") as f:
+            return await f.fetch(server.url("/page"), headers={"If-None-Match": '"old"'})
+
+    res, server, _ = run(scenario)
+    assert res.reason == "OK"
+    assert res.http_version == "HTTP/1.1"
+    assert res.ip == "127.0.0.1"
+    assert res.wire_bytes == len(res.body) == len(b"<h1>hello</h1>")
+    assert res.content_encoding is None
+    assert res.notes == ()
+    # response headers as received: original case, order kept, nothing lower-cased
+    names = [k for k, _ in res.raw_headers]
+    assert names.index("X-Custom-Header") < names.index("ETag")
+    assert ("ETag", '"abc"') in res.raw_headers
+    assert ("Content-Length", "14") in res.raw_headers
+    # request headers as sent, matching what the server got
+    sent = dict(res.request_headers)
+    assert sent["User-Agent"] == "ua-test/1"
+    assert sent["If-None-Match"] == '"old"'
+    assert sent["Host"] == f"127.0.0.1:{server.port}"
+    assert sent["Accept-Encoding"] == accept_encoding()
+    got = server.requests[0][1]
+    assert all(got[k] == v for k, v in res.request_headers)
+
+
+def test_accept_encoding_lists_every_decoder() -> None:
+    assert accept_encoding() == "gzip, deflate, br, zstd"  # brotli and zstandard installed
 
 
 def test_request_headers_are_sent() -> None:
@@ -356,101 +326,6 @@ def test_request_headers_are_sent() -> None:
 
     _, server, _ = run(scenario)
     assert server.requests[0][1]["If-None-Match"] == '"abc"'
-
-
-@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "127.0.0.2"])
-def test_loopback_literal_blocked_without_allow_list(host: str) -> None:
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchError:
-        return await fetch_error(fetcher(), server.url(host=host))
-
-    err, server, spy = run(scenario)
-    assert err.kind == "blocked"
-    assert "loopback" in str(err)
-    assert str(err).startswith("blocked: ")
-    assert server.requests == []
-    assert spy.addresses == []
-
-
-def test_private_literal_blocked_before_connecting() -> None:
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchError:
-        return await fetch_error(fetcher(allow_private=LOOPBACK_ONLY), "http://10.0.0.1:9/")
-
-    err, _, spy = run(scenario)
-    assert err.kind == "blocked"
-    assert "private address 10.0.0.1" in str(err)
-    assert spy.addresses == []
-
-
-def test_name_resolving_to_private_address_is_blocked() -> None:
-    resolver = FakeResolver({"evil.test": ["10.0.0.1"]})
-
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchError:
-        # The allow-list admits loopback only; evil.test's sole address is private.
-        f = fetcher(resolver, allow_private=LOOPBACK_ONLY)
-        return await fetch_error(f, f"http://evil.test:{server.port}/")
-
-    err, server, spy = run(scenario)
-    assert err.kind == "blocked"
-    assert "evil.test" in str(err)
-    assert "10.0.0.1" in str(err)
-    assert [c[:2] for c in resolver.calls] == [("evil.test", server.port)]
-    assert spy.addresses == []  # refused in the resolver: no socket ever connected
-    assert server.requests == []
-
-
-def test_name_resolving_to_metadata_address_is_blocked() -> None:
-    resolver = FakeResolver({"meta.test": ["169.254.169.254", "::ffff:169.254.169.254"]})
-
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchError:
-        return await fetch_error(fetcher(resolver), "http://meta.test/latest/meta-data/")
-
-    err, _, spy = run(scenario)
-    assert err.kind == "blocked"
-    assert "169.254.169.254" in str(err)
-    assert resolver.calls
-    assert spy.addresses == []
-
-
-def test_resolved_address_is_what_gets_connected() -> None:
-    resolver = FakeResolver({"shop.test": ["10.0.0.1", "127.0.0.1"]})
-
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchResult:
-        async with fetcher(resolver, allow_private=LOOPBACK_ONLY) as f:
-            return await f.fetch(f"http://shop.test:{server.port}/item")
-
-    res, server, spy = run(scenario)
-    assert res.status == 200
-    assert res.body == b"<h1>hello</h1>"
-    assert server.paths == ["/item"]
-    assert server.requests[0][1]["Host"] == f"shop.test:{server.port}"
-    assert [c[0] for c in resolver.calls] == ["shop.test"]
-    assert spy.addresses == [("127.0.0.1", server.port)]  # never 10.0.0.1
-
-
-def test_every_new_connection_is_resolved_and_checked_again() -> None:
-    """No DNS cache: a name that re-resolves to a private address (rebinding) is refused."""
-    resolver = FakeResolver({"rebind.test": ["127.0.0.1"]})
-
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> tuple[int, FetchError | None]:
-        url = f"http://rebind.test:{server.port}/close"  # server closes: no connection reuse
-        async with fetcher(resolver, allow_private=LOOPBACK_ONLY) as f:
-            first = await f.fetch(url)
-            resolver.mapping["rebind.test"] = ["10.0.0.1"]
-            try:
-                await f.fetch(url)
-            except FetchError as exc:
-                return first.status, exc
-        return first.status, None
-
-    (status, err), server, spy = run(scenario)
-    assert status == 200
-    assert err is not None
-    assert err.kind == "blocked"
-    assert len(resolver.calls) == 2
-    assert server.paths == ["/close"]
-    assert spy.addresses == [("127.0.0.1", server.port)]
-
-
 def test_unknown_name_is_a_connect_error() -> None:
     async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchError:
         return await fetch_error(fetcher(allow_private=LOOPBACK_ONLY), "http://nowhere.test/")
@@ -494,26 +369,139 @@ def test_body_within_max_bytes_is_not_truncated(limit: int) -> None:
     assert res.body == b"0123456789" * 20_000
 
 
-def test_gzip_is_decompressed() -> None:
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchResult:
-        async with fetcher(allow_private=LOOPBACK_ONLY) as f:
-            return await f.fetch(server.url("/gzip"))
+def test_max_bytes_exact_is_not_a_cut() -> None:
+    res = fetch_one("/big", max_bytes=200_000, max_decompressed_bytes=200_000)
+    assert res.cut_reason is None
+    assert res.wire_bytes == 200_000
 
-    res, _, _ = run(scenario)
+
+def test_identity_body_over_the_decoded_limit() -> None:
+    res = fetch_one("/big", max_decompressed_bytes=1000)
+    assert res.cut_reason == "max_decompressed_bytes"
+    assert res.body == (b"0123456789" * 20_000)[:1000]
+
+
+# -- content decoding -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", sorted(ENCODED))
+def test_every_content_coding_is_decoded(variant: str) -> None:
+    coding, wire = ENCODED[variant]
+    res = fetch_one(f"/enc/{variant}")
     assert res.status == 200
-    assert res.headers["content-encoding"] == "gzip"
-    assert res.body == GZIP_PLAIN
-    assert not res.truncated
+    assert res.body == PLAIN
+    assert res.cut_reason is None
+    assert res.wire_bytes == len(wire)
+    assert res.content_encoding == coding.lower()
+    assert res.headers["content-encoding"] == coding  # headers are kept as received
+    assert res.notes == ()
 
 
-def test_max_bytes_counts_decompressed_bytes() -> None:
-    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchResult:
-        async with fetcher(allow_private=LOOPBACK_ONLY, max_bytes=5000) as f:
-            return await f.fetch(server.url("/gzip"))
+@pytest.mark.parametrize("variant", ["gzip", "deflate", "deflate-raw", "br", "zstd", "identity"])
+def test_decoded_limit_is_exact(variant: str) -> None:
+    whole = fetch_one(f"/enc/{variant}", max_decompressed_bytes=len(PLAIN))
+    assert whole.cut_reason is None
+    assert whole.body == PLAIN
+    cut = fetch_one(f"/enc/{variant}", max_decompressed_bytes=len(PLAIN) - 1)
+    assert cut.cut_reason == "max_decompressed_bytes"
+    assert cut.truncated
+    assert cut.body == PLAIN[:-1]
+    small = fetch_one(f"/enc/{variant}", max_decompressed_bytes=5000)
+    assert small.cut_reason == "max_decompressed_bytes"
+    assert small.body == PLAIN[:5000]
 
-    res, _, _ = run(scenario)
-    assert res.truncated
-    assert res.body == GZIP_PLAIN[:5000]
+
+@pytest.mark.parametrize("variant", ["gzip", "deflate", "br", "zstd"])
+def test_wire_limit_counts_compressed_bytes(variant: str) -> None:
+    _, wire = ENCODED[variant]
+    exact = fetch_one(f"/enc/{variant}", max_bytes=len(wire))
+    assert exact.cut_reason is None
+    assert exact.body == PLAIN
+    one_short = fetch_one(f"/enc/{variant}", max_bytes=len(wire) - 1)
+    assert one_short.cut_reason == "max_bytes"  # even if only a checksum byte is missing
+    assert one_short.wire_bytes == len(wire) - 1
+    half = fetch_one(f"/enc/{variant}", max_bytes=len(wire) // 2)
+    assert half.cut_reason == "max_bytes"
+    assert half.wire_bytes == len(wire) // 2
+    assert PLAIN.startswith(half.body)  # what the partial stream decodes to, nothing invented
+    assert len(half.body) < len(PLAIN)
+
+
+def test_broken_gzip_is_a_decode_error_not_a_crash() -> None:
+    res = fetch_one("/bad-gzip")
+    assert res.status == 200
+    assert res.cut_reason is not None
+    assert res.cut_reason.startswith("decode_error: gzip: ")
+    assert res.body == b""
+
+
+def test_gzip_stream_ending_early_is_recorded() -> None:
+    res = fetch_one("/cut-gzip")
+    assert res.cut_reason == "decode_error: gzip: stream ends before its end marker"
+    assert PLAIN.startswith(res.body)
+    assert len(res.body) > len(PLAIN) // 2
+
+
+def test_unknown_coding_is_kept_as_received() -> None:
+    res = fetch_one("/compress")
+    assert res.cut_reason is None
+    assert res.body == b"\x1f\x9d raw lzw"
+    assert res.content_encoding == "compress"
+    assert res.notes == ("content-encoding 'compress' not decoded: body as received",)
+
+
+def test_stacked_codings_are_kept_as_received() -> None:
+    res = fetch_one("/stacked")
+    assert res.cut_reason is None
+    assert res.body == brotli.compress(gzip.compress(PLAIN))
+    assert res.notes and "stacked" in res.notes[0]
+
+
+@pytest.mark.parametrize("step", [1, 2, 7, 4096])
+@pytest.mark.parametrize("variant", sorted(set(ENCODED) - {"identity"}))
+def test_decoders_accept_any_split_of_the_input(variant: str, step: int) -> None:
+    coding, wire = ENCODED[variant]
+    decoder, _ = _decoder_for(coding)
+    assert decoder is not None
+    out = b"".join(
+        b"".join(decoder.feed(wire[i : i + step], 1 << 30)) for i in range(0, len(wire), step)
+    )
+    assert out == PLAIN
+    assert not decoder.incomplete()
+
+
+def test_bytes_after_the_last_gzip_member_are_ignored() -> None:
+    decoder, _ = _decoder_for("gzip")
+    assert decoder is not None
+    assert b"".join(decoder.feed(gzip.compress(b"abc") + b"\x00\x00junk", 100)) == b"abc"
+    assert b"".join(decoder.feed(b"more junk", 100)) == b""
+    assert not decoder.incomplete()
+
+
+# One step of each decoder is bounded even when a single input chunk holds a whole bomb.
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
+def test_decoder_output_is_bounded_per_call(coding: str) -> None:
+    blob = bomb_blob(coding, 64 << 20)
+    decoder, note = _decoder_for(coding)
+    assert decoder is not None and note is None
+    room = 1 << 20
+    out = decoder.feed(blob, room)
+    produced = sum(len(p) for p in out)
+    assert room <= produced <= room + 256 * 1024
+    assert all(not any(p) for p in out)  # zeros, as the bomb says
+
+
+def test_header_too_large_is_a_protocol_error() -> None:
+    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchError:
+        return await fetch_error(fetcher(allow_private=LOOPBACK_ONLY), server.url("/huge-header"))
+
+    err, _, _ = run(scenario)
+    assert err.kind == "protocol"
+    assert "response head" in str(err)
+    assert "16384 bytes" in str(err)
+
+
+# -- timeouts ---------------------------------------------------------------------------------
 
 
 def test_total_timeout() -> None:
@@ -528,6 +516,24 @@ def test_total_timeout() -> None:
     assert err.kind == "timeout"
     assert elapsed < 3
     assert server.paths == ["/slow"]
+
+
+def test_read_timeout_after_the_head_keeps_the_partial_body() -> None:
+    t0 = time.monotonic()
+    res = fetch_one("/stall", read_timeout=0.3)
+    assert res.cut_reason == "read_timeout"
+    assert res.body == b"partial"
+    assert res.status == 200
+    assert time.monotonic() - t0 < 3
+
+
+def test_total_timeout_after_the_head_keeps_the_partial_body() -> None:
+    t0 = time.monotonic()
+    res = fetch_one("/drip", total_timeout=0.4)
+    assert res.cut_reason == "total_timeout"
+    assert 0 < len(res.body) < 20
+    assert set(res.body) == {ord(".")}
+    assert time.monotonic() - t0 < 2  # cut early: the drip alone takes a second
 
 
 def test_connection_refused() -> None:

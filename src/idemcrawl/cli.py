@@ -418,10 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--site",
-        choices=("shop", "politeness", "traps"),
+        choices=("shop", "politeness", "traps", "hostile"),
         default="shop",
         help="traps: an infinite calendar, facets, session ids, /a/a/a…, duplicate "
-        "pages and 20 real products (port --port)",
+        "pages and 20 real products (port --port); hostile: pages that change on a schedule "
+        "(ETag/Last-Modified, 304), redirect chains and loops, 404/410, a gzip bomb, a 100 MB "
+        "page, a trickling page, binary garbage, huge headers, links to forbidden addresses",
     )
     t.add_argument("--host", default="127.0.0.1")
     t.add_argument("--port", type=_positive_int, default=8000, help="shop port (default 8000)")
@@ -876,6 +878,11 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_testsite(a: argparse.Namespace) -> int:
+    if a.site == "hostile":
+        from .testsite.hostile import serve_forever
+
+        serve_forever(a.host, a.port)
+        return 0
     if a.site == "traps":
         from aiohttp import web
 

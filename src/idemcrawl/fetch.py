@@ -1,22 +1,43 @@
 """HTTP fetching: an SSRF-checked connection, no automatic redirects, bounded bodies.
 
-aiohttp is the client (see docs/decisions.md): it streams, it lets us plug in our own resolver,
-and it is the fastest mature asyncio client on this machine. Redirects are *not* followed here:
-the crawler turns a 3xx into a new URL that goes through discovery (scope, dedup, politeness).
+aiohttp is the client (see docs/decisions.md): it streams, it lets us plug in our own resolver
+and socket factory, and it is the fastest mature asyncio client on this machine. Redirects are
+*not* followed here: the crawler turns a 3xx into a new URL that goes through discovery (scope,
+dedup, politeness).
 
-The address check sits in the resolver, i.e. on the very addresses aiohttp then connects to, so a
-name that resolves to a private address (or re-resolves to one: DNS rebinding) is refused. IP
-literals bypass aiohttp's resolver, so they are checked before the request.
+SSRF (R18) is checked in three places, each on the address itself, never on a name:
+
+* IP literals in the URL are checked before anything else, for a clear message;
+* :class:`GuardedResolver` drops forbidden addresses from every DNS answer, and aiohttp's DNS
+  cache is off, so each new connection is resolved and checked again (DNS rebinding);
+* the connector's socket factory checks the very address a socket is about to connect to, so
+  nothing that bypasses the resolver (literals, a future aiohttp code path) can connect.
+
+Hostile responses (R17, R18) are bounded while streaming: aiohttp's own decompression is off and
+the body is decoded here, incrementally, with an output limit on every call
+(:func:`zlib.decompressobj` ``max_length``, brotli's ``output_buffer_limit``, a zstd writer whose
+sink refuses to grow), so a decompression bomb stops at ``max_decompressed_bytes`` without ever
+inflating past it; ``max_bytes`` bounds the compressed bytes taken from the wire.
+
+Timeout policy: a request with no response head within ``total_timeout`` (or a connect/read
+timeout before the head) raises ``FetchError("timeout")`` and is retried like any transient
+error. Once the head has arrived, a total or read timeout returns the body received so far with
+``cut_reason`` ``"total_timeout"`` or ``"read_timeout"``: the server answered, a slow-loris
+body is its choice, and retrying it would only spend another timeout on the same trickle.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import ipaddress
 import socket
 import time
+import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -24,15 +45,38 @@ from aiohttp.resolver import ThreadedResolver
 
 from . import url as urls
 
+try:  # optional: only advertised in Accept-Encoding when we can decode it
+    import brotli
+except ImportError:  # pragma: no cover - depends on the environment
+    brotli = None
+try:
+    import zstandard
+except ImportError:  # pragma: no cover - depends on the environment
+    zstandard = None
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-# Ranges the default guard refuses beyond what ``ipaddress`` flags (CGNAT, NAT64 etc.).
-_EXTRA_FORBIDDEN: tuple[IPNetwork, ...] = (
-    ipaddress.ip_network("100.64.0.0/10"),  # CGNAT
-    ipaddress.ip_network("192.0.0.0/24"),  # IETF protocol assignments
-    ipaddress.ip_network("198.18.0.0/15"),  # benchmarking
-    ipaddress.ip_network("64:ff9b::/96"),  # NAT64 can reach IPv4-private space
+# Ranges the default guard refuses beyond what ``ipaddress`` flags, checked before its flags so
+# the label does not depend on the Python release's idea of "private".
+_EXTRA_FORBIDDEN: tuple[tuple[str, IPNetwork], ...] = (
+    ("CGNAT", ipaddress.ip_network("100.64.0.0/10")),  # carrier NAT: often the provider's LAN
+    ("IETF protocol assignment", ipaddress.ip_network("192.0.0.0/24")),
+    ("benchmarking", ipaddress.ip_network("198.18.0.0/15")),
+    ("NAT64", ipaddress.ip_network("64:ff9b::/96")),  # translates to any IPv4, private included
+    ("local-use NAT64", ipaddress.ip_network("64:ff9b:1::/48")),  # RFC 8215
+)
+# Cloud instance-metadata endpoints: the classic SSRF prize. Named separately so the refusal
+# says so, and because one of them (Azure's WireServer) is a public-looking address.
+_METADATA: frozenset[IPAddress] = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean
+        "169.254.170.2",  # AWS ECS task metadata
+        "fd00:ec2::254",  # AWS IMDS over IPv6
+        "100.100.100.200",  # Alibaba Cloud
+        "168.63.129.16",  # Azure WireServer
+    )
 )
 
 
@@ -41,7 +85,11 @@ class BlockedAddress(OSError):
 
 
 class FetchError(Exception):
-    """A fetch that produced no usable HTTP response; ``kind`` classifies it for retry logic."""
+    """A fetch that produced no usable HTTP response; ``kind`` classifies it for retry logic.
+
+    Kinds: ``blocked`` (SSRF guard: permanent), ``connect``, ``timeout`` (no response head in
+    time), ``protocol`` (malformed or oversized response head, broken framing), ``network``.
+    """
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -64,7 +112,11 @@ def parse_allow_list(items: Iterable[str]) -> tuple[IPNetwork, ...]:
 
 @dataclass(frozen=True, slots=True)
 class AddressPolicy:
-    """Which resolved addresses may be connected to."""
+    """Which resolved addresses may be connected to.
+
+    The allow-list opens exactly the addresses it names (``127.0.0.1`` is not ``127.0.0.2``);
+    an IPv4-mapped IPv6 address is judged as the IPv4 address it is.
+    """
 
     allow: tuple[IPNetwork, ...] = ()
 
@@ -74,10 +126,15 @@ class AddressPolicy:
             ip = mapped
         if any(ip in net for net in self.allow):
             return None
+        if ip in _METADATA:
+            return f"cloud-metadata address {ip}"
         teredo = getattr(ip, "teredo", None)
         embedded = getattr(ip, "sixtofour", None) or (teredo[1] if teredo else None)
         if embedded is not None and self.forbidden_reason(embedded):
             return f"6to4/teredo address {ip} embeds {embedded}"
+        for label, net in _EXTRA_FORBIDDEN:
+            if net.version == ip.version and ip in net:
+                return f"{label} address {ip}"
         checks = (
             ("loopback", ip.is_loopback),
             ("unspecified", ip.is_unspecified),
@@ -85,7 +142,7 @@ class AddressPolicy:
             ("multicast", ip.is_multicast),
             ("reserved", ip.is_reserved),
             ("private", ip.is_private),
-            ("special-purpose", any(ip in n for n in _EXTRA_FORBIDDEN if n.version == ip.version)),
+            ("site-local", getattr(ip, "is_site_local", False)),  # fec0::/10, deprecated
         )
         for name, hit in checks:
             if hit:
@@ -95,9 +152,25 @@ class AddressPolicy:
         return None
 
     def check(self, host: str, address: str) -> None:
-        reason = self.forbidden_reason(ipaddress.ip_address(address.split("%", 1)[0]))
+        reason = _verdict(self, address)
         if reason:
             raise BlockedAddress(f"{host} -> {reason} refused (use --allow-private to permit)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _verdict(policy: AddressPolicy, address: str) -> str | None:
+    """``forbidden_reason`` by address string, cached: every fetch checks its peer (and often a
+    literal host), and parsing an address costs more than the rest of the check."""
+    return policy.forbidden_reason(ipaddress.ip_address(address.split("%", 1)[0]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class GuardedResolver(AbstractResolver):
@@ -130,14 +203,53 @@ class GuardedResolver(AbstractResolver):
         await self.inner.close()
 
 
+def guarded_socket_factory(policy: AddressPolicy) -> Any:
+    """aiohttp ``socket_factory`` that refuses to create a socket for a forbidden peer.
+
+    aiohappyeyeballs calls it with the exact ``addrinfo`` it is about to ``connect()`` to, so
+    this is the last gate before a SYN leaves, whatever produced the address.
+    """
+
+    def factory(addr_info: tuple[Any, ...]) -> socket.socket:
+        family, type_, proto, _, sockaddr = addr_info
+        policy.check("connect", str(sockaddr[0]))
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return factory
+
+
 @dataclass(slots=True)
 class FetchResult:
+    """One HTTP exchange as received; ``body`` is the decoded payload, possibly cut.
+
+    ``cut_reason`` says why the body is incomplete: ``"max_bytes"`` (wire limit),
+    ``"max_decompressed_bytes"``, ``"decode_error: <coding>: <why>"``, ``"total_timeout"`` or
+    ``"read_timeout"`` (see the module docstring); ``None`` for a whole body. ``wire_bytes``
+    counts body bytes taken from the connection (after de-chunking, before decoding), up to
+    the cut. ``http_version`` is the status-line token (``"HTTP/1.1"``); ``raw_headers`` are
+    the response headers in received order and case (latin-1 decoded, as HTTP defines them)
+    and ``request_headers`` what was sent, both for WARC. ``notes`` records facts that are
+    not cuts, e.g. a content-coding we cannot decode (the body is then kept as received).
+    """
+
     url: str
     status: int
     headers: dict[str, str]
     body: bytes
     elapsed: float
-    truncated: bool = False
+    wire_bytes: int = 0
+    cut_reason: str | None = None
+    reason: str = ""
+    http_version: str = "HTTP/1.1"
+    raw_headers: list[tuple[str, str]] = field(default_factory=list)
+    request_headers: list[tuple[str, str]] = field(default_factory=list)
+    ip: str | None = None
+    content_encoding: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def truncated(self) -> bool:
+        return self.cut_reason is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +258,240 @@ class FetchSettings:
     connect_timeout: float = 10.0
     read_timeout: float = 20.0
     total_timeout: float = 60.0
-    max_bytes: int = 10 * 1024 * 1024
+    max_bytes: int = 10 * 1024 * 1024  # body bytes on the wire (compressed, as received)
+    max_decompressed_bytes: int = 10 * 1024 * 1024  # decoded body bytes kept
     allow_private: tuple[IPNetwork, ...] = ()
+
+
+# -- incremental, output-bounded content decoding ---------------------------------------------
+
+# Largest output one decoder call may produce: bounds the transient memory of a single step.
+_STEP = 256 * 1024
+# RFC 9659: HTTP zstd senders must not need more than an 8 MiB window. Without this cap a
+# hostile frame header could make the decoder allocate its 128 MiB default window per fetch.
+_ZSTD_MAX_WINDOW = 8 * 1024 * 1024
+
+
+class _Decoder(Protocol):
+    name: str
+
+    def feed(self, data: bytes, room: int) -> list[bytes]:
+        """Decode ``data``; stop once ``room`` bytes were produced (input may then be left).
+
+        Returning fewer than ``room`` bytes means all of ``data`` was consumed.
+        """
+        ...
+
+    def incomplete(self) -> bool:
+        """True when the stream fed so far lacks its end marker."""
+        ...
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _ZlibDecoder:
+    """gzip (also zlib-wrapped data mislabelled gzip) and deflate (zlib-wrapped or raw)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._wbits = 47 if name == "gzip" else 15  # 47: gzip or zlib header, auto-detected
+        self._d = zlib.decompressobj(self._wbits)
+        # "deflate" means zlib-wrapped (RFC 9110) but many servers send raw deflate; keep the
+        # first bytes until output proves the guess, so we can retry them as raw deflate.
+        self._probe: bytearray | None = bytearray() if name == "deflate" else None
+        self._pending = b""
+
+    def feed(self, data: bytes, room: int) -> list[bytes]:
+        if self._probe is None:
+            return self._inflate(data, room)
+        self._probe += data
+        try:
+            out = self._inflate(data, room)
+        except zlib.error:
+            self._d = zlib.decompressobj(-zlib.MAX_WBITS)
+            probe, self._probe = bytes(self._probe), None
+            return self._inflate(probe, room)
+        if any(out) or len(self._probe) > 1024:
+            self._probe = None
+        return out
+
+    def _inflate(self, data: bytes, room: int) -> list[bytes]:
+        if self._pending:  # the start of a next gzip member, split across reads
+            data, self._pending = self._pending + data, b""
+        out: list[bytes] = []
+        produced = 0
+        while data and produced < room:
+            d = self._d
+            if d.eof:  # gzip allows several members back to back; anything else is ignored
+                if self.name != "gzip" or not _GZIP_MAGIC.startswith(data[:2]):
+                    break  # bytes after the final member are dropped, as gzip(1) does
+                if len(data) < len(_GZIP_MAGIC):
+                    self._pending = data
+                    break
+                d = self._d = zlib.decompressobj(self._wbits)
+            chunk = d.decompress(data, min(room - produced, _STEP))
+            out.append(chunk)
+            produced += len(chunk)
+            data = d.unused_data if d.eof else d.unconsumed_tail
+        return out
+
+    def incomplete(self) -> bool:
+        return not self._d.eof
+
+
+class _BrotliDecoder:
+    name = "br"
+
+    def __init__(self) -> None:
+        assert brotli is not None
+        self._d = brotli.Decompressor()
+
+    def feed(self, data: bytes, room: int) -> list[bytes]:
+        d = self._d
+        if d.is_finished():
+            return []
+        # The limit is a buffer-growth cap, so a call may return a little more than asked.
+        out = [d.process(data, output_buffer_limit=min(room, _STEP))]
+        produced = len(out[0])
+        while produced < room and not d.can_accept_more_data() and not d.is_finished():
+            chunk = d.process(b"", output_buffer_limit=min(room - produced, _STEP))
+            if not chunk:
+                break
+            out.append(chunk)
+            produced += len(chunk)
+        return out
+
+    def incomplete(self) -> bool:
+        return not self._d.is_finished()
+
+
+class _RoomFull(Exception):
+    """Raised by :class:`_Sink` from inside the zstd writer to stop it mid-input."""
+
+
+class _Sink:
+    """File-like target for zstandard's stream writer that stops it once ``room`` is used.
+
+    zstandard's ``decompressobj`` has no output limit (one 32 KiB chunk of a zstd bomb is 1 GiB
+    of zeros); its writer hands over output in ``write_size`` pieces, and an exception from
+    ``write`` stops decompression there.
+    """
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.room = 0
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.parts.append(bytes(data))
+        self.size += len(data)
+        if self.size >= self.room:
+            raise _RoomFull
+        return len(data)
+
+
+class _ZstdDecoder:
+    name = "zstd"
+
+    def __init__(self) -> None:
+        assert zstandard is not None
+        self._sink = _Sink()
+        dctx = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+        self._w = dctx.stream_writer(self._sink, write_size=64 * 1024, write_return_read=True)
+
+    def feed(self, data: bytes, room: int) -> list[bytes]:
+        sink = self._sink
+        sink.parts, sink.size, sink.room = [], 0, room
+        with contextlib.suppress(_RoomFull):
+            self._w.write(data)
+        return sink.parts
+
+    def incomplete(self) -> bool:
+        return False  # the writer does not expose frame completion; a cut stream just ends
+
+
+_DECODE_ERRORS: tuple[type[Exception], ...] = (zlib.error,)
+if brotli is not None:
+    _DECODE_ERRORS += (brotli.error,)
+if zstandard is not None:
+    _DECODE_ERRORS += (zstandard.ZstdError,)
+
+
+def accept_encoding() -> str:
+    """The codings this build can decode, for the Accept-Encoding request header."""
+    codings = ["gzip", "deflate"]
+    if brotli is not None:
+        codings.append("br")
+    if zstandard is not None:
+        codings.append("zstd")
+    return ", ".join(codings)
+
+
+def _decoder_for(content_encoding: str | None) -> tuple[_Decoder | None, str | None]:
+    """A decoder for the header value, or None plus a note when the body stays as received."""
+    if not content_encoding:
+        return None, None
+    codings = [c.strip().lower() for c in content_encoding.split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if not codings:
+        return None, None
+    if len(codings) > 1:
+        return None, f"stacked content-encoding {content_encoding!r} not decoded: body as received"
+    coding = codings[0]
+    if coding in ("gzip", "x-gzip"):
+        return _ZlibDecoder("gzip"), None
+    if coding == "deflate":
+        return _ZlibDecoder("deflate"), None
+    if coding == "br" and brotli is not None:
+        return _BrotliDecoder(), None
+    if coding == "zstd" and zstandard is not None:
+        return _ZstdDecoder(), None
+    return None, f"content-encoding {coding!r} not decoded: body as received"
+
+
+class _Exchange:
+    """What one fetch has received so far; survives a timeout so the partial body is kept."""
+
+    __slots__ = ("cut_reason", "decoder", "ip", "notes", "parts", "resp", "size", "wire")
+
+    def __init__(self) -> None:
+        self.resp: aiohttp.ClientResponse | None = None  # set once the response head is in
+        self.decoder: _Decoder | None = None
+        self.ip: str | None = None
+        self.notes: list[str] = []
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.wire = 0
+        self.cut_reason: str | None = None
+
+    def keep(self, data: bytes, limit: int) -> None:
+        room = limit - self.size
+        if len(data) > room:
+            data = data[:room]
+            self.cut_reason = "max_decompressed_bytes"
+        if data:
+            self.parts.append(data)
+            self.size += len(data)
+
+
+class _PeerResponse(aiohttp.ClientResponse):
+    """Notes the peer address when the response starts, while the connection is surely open.
+
+    Read later, a short ``Connection: close`` response may already have dropped its transport.
+    """
+
+    peer_ip: str | None = None
+
+    async def start(self, connection: Any) -> aiohttp.ClientResponse:
+        transport = connection.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        self.peer_ip = str(peer[0]) if peer else None
+        return await super().start(connection)
+
+
+def _latin1(pairs: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in pairs]
 
 
 class Fetcher:
@@ -172,16 +516,19 @@ class Fetcher:
             resolver=self._resolver,
             ttl_dns_cache=None,
             use_dns_cache=False,  # never reuse a resolution past its check
+            socket_factory=guarded_socket_factory(self.policy),
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # total is enforced by fetch() itself so it can keep a partial body (module doc)
             timeout=aiohttp.ClientTimeout(
-                total=self.settings.total_timeout,
+                total=None,
                 sock_connect=self.settings.connect_timeout,
                 sock_read=self.settings.read_timeout,
             ),
-            headers={"User-Agent": self.settings.user_agent},
-            auto_decompress=True,
+            headers={"User-Agent": self.settings.user_agent, "Accept-Encoding": accept_encoding()},
+            auto_decompress=False,  # we decode with limits; aiohttp would inflate unbounded
+            response_class=_PeerResponse,
             max_line_size=16 * 1024,
             max_field_size=16 * 1024,
         )
@@ -195,50 +542,119 @@ class Fetcher:
     async def fetch(self, url: str, headers: dict[str, str] | None = None) -> FetchResult:
         assert self._session is not None, "use Fetcher as an async context manager"
         host = urls.hostname(url)
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            pass
-        else:
+        if _is_ip_literal(host):  # aiohttp skips the resolver for these: check here
             try:
                 self.policy.check(host, host)
             except BlockedAddress as exc:
                 raise FetchError("blocked", str(exc)) from None
         t0 = time.monotonic()
+        ex = _Exchange()
+        deadline = asyncio.timeout(self.settings.total_timeout)
         try:
-            async with self._session.get(
-                url, allow_redirects=False, headers=headers, max_redirects=0
-            ) as resp:
-                body, truncated = await self._read(resp)
-                hdrs = {k.lower(): v for k, v in resp.headers.items()}
-                return FetchResult(url, resp.status, hdrs, body, time.monotonic() - t0, truncated)
-        except FetchError:
-            raise
+            async with deadline:
+                await self._exchange(url, host, headers, ex)
+        except TimeoutError as exc:
+            if ex.resp is None:
+                raise FetchError("timeout", str(exc) or "no response in time") from None
+            ex.cut_reason = "total_timeout" if deadline.expired() else "read_timeout"
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, BlockedAddress):
                 raise FetchError("blocked", str(exc.os_error)) from None
             raise FetchError("connect", str(exc)) from None
         except BlockedAddress as exc:
             raise FetchError("blocked", str(exc)) from None
-        except TimeoutError as exc:
-            raise FetchError("timeout", str(exc) or "timed out") from None
         except aiohttp.ClientResponseError as exc:
-            raise FetchError("protocol", str(exc)) from None
+            # raised while parsing the response head: too long a line or header, too many
+            # headers, a malformed status line
+            message = f"malformed or oversized response head: {exc.message}"
+            raise FetchError("protocol", message) from None
+        except aiohttp.ClientPayloadError as exc:
+            raise FetchError("protocol", f"broken response body: {exc}") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise FetchError("network", f"{type(exc).__name__}: {exc}") from None
+        return self._result(url, ex, time.monotonic() - t0)
 
-    async def _read(self, resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
-        """Stream the (decompressed) body, stopping at the byte limit instead of buffering it."""
-        limit = self.settings.max_bytes
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in resp.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > limit:
-                chunks.append(chunk[: len(chunk) - (size - limit)])
-                return b"".join(chunks), True
-            chunks.append(chunk)
-        return b"".join(chunks), False
+    async def _exchange(
+        self, url: str, host: str, headers: dict[str, str] | None, ex: _Exchange
+    ) -> None:
+        assert self._session is not None
+        async with self._session.get(
+            url, allow_redirects=False, headers=headers, max_redirects=0
+        ) as resp:
+            ex.ip = getattr(resp, "peer_ip", None)
+            if ex.ip is not None:  # cannot fail after the connect-time gate; kept as a backstop
+                try:
+                    self.policy.check(host, ex.ip)
+                except BlockedAddress:
+                    resp.close()
+                    raise
+            ex.decoder, note = _decoder_for(resp.headers.get("Content-Encoding"))
+            if note:
+                ex.notes.append(note)
+            ex.resp = resp
+            await self._read_body(resp, ex)
+            if ex.cut_reason is not None:
+                resp.close()  # never pool a connection with an unread body behind the cut
+
+    async def _read_body(self, resp: aiohttp.ClientResponse, ex: _Exchange) -> None:
+        """Stream the body, cutting at the wire limit, the decoded limit or a decode error.
+
+        Memory stays at most the decoded limit plus one read buffer and one decoder step.
+        """
+        max_wire = self.settings.max_bytes
+        max_out = self.settings.max_decompressed_bytes
+        decoder = ex.decoder
+        content = resp.content
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                break
+            over = ex.wire + len(chunk) - max_wire
+            if over > 0:
+                chunk = chunk[: len(chunk) - over]
+            ex.wire += len(chunk)
+            if decoder is None:
+                ex.keep(chunk, max_out)
+            else:
+                try:
+                    parts = decoder.feed(chunk, max_out - ex.size + 1)
+                except _DECODE_ERRORS as exc:
+                    ex.cut_reason = f"decode_error: {decoder.name}: {exc}"
+                    return
+                for part in parts:
+                    ex.keep(part, max_out)
+                    if ex.cut_reason is not None:
+                        break
+            if ex.cut_reason is not None:
+                return
+            if over > 0:
+                ex.cut_reason = "max_bytes"
+                return
+        if decoder is not None and ex.wire and decoder.incomplete():
+            ex.cut_reason = f"decode_error: {decoder.name}: stream ends before its end marker"
+
+    @staticmethod
+    def _result(url: str, ex: _Exchange, elapsed: float) -> FetchResult:
+        resp = ex.resp
+        assert resp is not None
+        encoding = resp.headers.get("Content-Encoding")
+        version = resp.version
+        return FetchResult(
+            url=url,
+            status=resp.status,
+            headers={k.lower(): v for k, v in resp.headers.items()},
+            body=b"".join(ex.parts),
+            elapsed=elapsed,
+            wire_bytes=ex.wire,
+            cut_reason=ex.cut_reason,
+            reason=resp.reason or "",
+            http_version=f"HTTP/{version.major}.{version.minor}" if version else "HTTP/1.1",
+            raw_headers=_latin1(resp.raw_headers),
+            request_headers=list(resp.request_info.headers.items()),
+            ip=ex.ip,
+            content_encoding=encoding.strip().lower() if encoding else None,
+            notes=tuple(ex.notes),
+        )
 
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})

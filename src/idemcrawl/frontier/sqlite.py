@@ -412,10 +412,7 @@ class SQLiteFrontier:
     # -- contract -------------------------------------------------------------------------------
 
     def add(self, urls: Iterable[NewURL], now: float) -> int:
-        rows = [
-            (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
-            for u in urls
-        ]
+        rows = [_url_values(u, now) for u in urls]
         if not rows:
             return 0
         with self._tx() as db:
@@ -736,22 +733,7 @@ class SQLiteFrontier:
             ]
             if records:
                 db.executemany(_UPSERT_RECORD, records)
-            links = [
-                (
-                    u.url,
-                    u.host_key,
-                    u.state,
-                    u.reason,
-                    u.priority,
-                    u.depth,
-                    now,
-                    now,
-                    u.kind,
-                    u.hops,
-                )
-                for c in pages
-                for u in c.links
-            ]
+            links = [_url_values(u, now) for c in pages for u in c.links]
             links_new = self._insert_urls(db, links) if links else 0
             # Sitemaps emit no event; a round that changed nothing (304, same body) neither.
             indexed = [c for c in pages if c.lease.kind == PAGE and c.changed]
@@ -851,7 +833,7 @@ class SQLiteFrontier:
         if own:
             self._insert_urls(
                 db,
-                [(u.url, u.host_key, u.state, None, u.priority, 1, now, now, u.kind) for u in own],
+                [_url_values(u, now) for u in own],
             )
         reason = _defer_reason(state, failures, policy)
         if reason is not None:
@@ -1118,13 +1100,7 @@ class SQLiteFrontier:
                 for r in it.records
             ]
             db.executemany(_UPSERT_RECORD, records)
-            links = [
-                (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind,
-                 u.hops)
-                for it in items
-                if it.error is None
-                for u in it.links
-            ]
+            links = [_url_values(u, now) for it in items if it.error is None for u in it.links]
             new = self._insert_urls(db, links) if links else 0
             db.executemany(
                 "UPDATE urls SET state = CASE WHEN ?1 IS NULL AND state = 'failed' THEN 'done' "
@@ -1408,6 +1384,11 @@ class SQLiteFrontier:
             "records_by_source": by_source,
             "events": events,
         }
+
+
+def _url_values(u: NewURL, now: float) -> tuple[Any, ...]:
+    """Parameters of ``_insert_urls`` for one new URL."""
+    return (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
 
 
 def _control(
