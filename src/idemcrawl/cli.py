@@ -30,6 +30,7 @@ from .frontier import FrontierError, open_frontier
 from .parse import SpiderLoadError
 from .recrawl import PinError, parse_pin
 from .url import InvalidURL, normalise
+from .warc import WarcError
 
 
 class UsageError(Exception):
@@ -1053,6 +1054,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ExportError,
         WebhookError,
         ConfigFileError,
+        WarcError,
     ) as exc:
         print(f"idemcrawl {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
