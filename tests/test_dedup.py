@@ -9,8 +9,11 @@ import re
 
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from idemcrawl.dedup import (
+    _ASCII_NONWORD_TO_SPACE,
     BloomNegativeCache,
     BloomStats,
     SimHashIndex,
@@ -21,6 +24,7 @@ from idemcrawl.dedup import (
     fp_from_signed,
     fp_to_signed,
     hamming,
+    page_simhash,
     simhash64,
     visible_text,
 )
@@ -96,6 +100,42 @@ def reference_simhash(text: str) -> int:
 def test_simhash_matches_textbook_definition() -> None:
     for text in ("", "one", "two words", "a b c d e f g", "x y x y x y x y", zipf_text(9, 400)):
         assert simhash64(text) == reference_simhash(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from("ab Z_9 .,;\t\n-éßİΣ日\u00a0\u2028\x1c\x00"), max_size=40
+    )
+)
+def test_simhash_fast_paths_match_textbook_definition(text: str) -> None:
+    # ASCII texts take the bytes tokeniser, the others the regex one: both must agree with it.
+    assert simhash64(text) == reference_simhash(text)
+    assert simhash64(text.encode("ascii", "ignore").decode()) == reference_simhash(
+        text.encode("ascii", "ignore").decode()
+    )
+
+
+def test_ascii_word_characters_are_what_the_regex_calls_words() -> None:
+    for c in map(chr, range(128)):
+        assert (re.fullmatch(r"\w", c) is not None) == (_ASCII_NONWORD_TO_SPACE[ord(c)] != 32)
+
+
+def test_split_collapses_exactly_the_regex_whitespace() -> None:
+    for c in map(chr, range(0x110000)):
+        if (re.fullmatch(r"\s", c) is not None) != c.isspace():
+            raise AssertionError(f"U+{ord(c):04X}")
+
+
+def test_page_simhash_is_simhash_of_visible_text() -> None:
+    html = (
+        "<html><head><title>T</title><style>p{}</style></head><body><p>Hello,\n  world"
+        "</p><script>var x</script><div>third  word\u00a0here</div> and   more text</body></html>"
+    )
+    assert page_simhash(html) == simhash64(visible_text(html)) == reference_simhash(
+        "Hello, world third word here and more text"
+    )
+    assert page_simhash("") == simhash64(visible_text("")) == 0
 
 
 def test_simhash_is_stable_across_processes() -> None:
@@ -288,3 +328,19 @@ def test_bloom_saving_experiment_is_sane() -> None:
     assert bloom_saving_experiment(10_000, 0.0, seed=2)["saving"] >= 0.98
     assert bloom_saving_experiment(1_000, 1.0, seed=3)["distinct_urls"] == 1
     assert bloom_saving_experiment(0, 0.5, seed=4)["saving"] == 0.0
+
+
+def test_bloom_saturation_via_single_adds_and_rebuild() -> None:
+    cache = BloomNegativeCache(100, 0.01)
+    for i in range(100):
+        cache.add(f"k{i}")
+    assert not cache.saturated  # fewer adds than the threshold: not even estimated
+    for i in range(100, 1000):
+        cache.add(f"k{i}")
+    assert cache.saturated
+    cache.rebuild([f"k{i}" for i in range(10)])
+    assert not cache.saturated
+    repeats = BloomNegativeCache(100, 0.01)
+    for _ in range(50):
+        repeats.add_many(["same"] * 10)  # 500 adds of one key: estimated, not saturated
+        assert not repeats.saturated

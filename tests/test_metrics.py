@@ -283,8 +283,9 @@ def test_postgres_frontier_counts_every_run(tmp_path: Path) -> None:
     db = f"{dsn}?schema={schema}"
     try:
         with ShopServer(ShopConfig(listings=2, per_page=5)) as shop:
-            first = run_crawl(crawl_config(db, shop.seed_url, max_pages=4))
-            second = run_crawl(crawl_config(db, shop.seed_url, seeds=()))
+            warc = str(tmp_path / "warc")
+            first = run_crawl(crawl_config(db, shop.seed_url, max_pages=4, warc_dir=warc))
+            second = run_crawl(crawl_config(db, shop.seed_url, seeds=(), warc_dir=warc))
         assert second.finished and first.committed > 0 and second.committed > 0
         with start_metrics_server(db, 0) as server:
             _, fams = scrape(server.url)

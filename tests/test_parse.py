@@ -598,3 +598,122 @@ class TestTrapChecks:
         assert result.rejected == {"repeated_segment": 1, "query_params": 1, "url_length": 1}
         deep = p.run(job(b'<a href="/ok">ok</a>', depth=3))
         assert deep.links == [] and deep.rejected == {"depth": 1}
+
+
+# -- the parser pool and the wire format ------------------------------------------------------
+
+POOL_SPIDER = '''
+import os, time
+import idemcrawl
+
+
+class Moody(idemcrawl.Spider):
+    name = "moody"
+
+    def parse(self, page):
+        if page.url.endswith("/slow"):
+            time.sleep(30)
+        if page.url.endswith("/crash"):
+            os._exit(3)  # a crash that no try/except in the worker can catch
+        yield idemcrawl.Record(page.url, {"pid": os.getpid()})
+        yield from page.links()
+'''
+
+
+def pool_job(path: str) -> ParseJob:
+    return job(b"<a href='/next'>n</a>", url=f"{SHOP}{path}")
+
+
+class TestParserPool:
+    def run_pool(self, tmp_path: Path, workers: int, paths: list[str]) -> list[ParseResult]:
+        import asyncio
+
+        from idemcrawl.parse import ParserPool
+
+        spider = write(tmp_path / "moody.py", POOL_SPIDER)
+        pool = ParserPool(workers, (f"{spider}:Moody", SCOPE, "host", None, None))
+
+        async def main() -> list[ParseResult]:
+            pool.start()
+            try:
+                return list(
+                    await asyncio.gather(*(pool.parse(pool_job(p), 1.0) for p in paths))
+                )
+            finally:
+                self.restarts, self.pids = pool.restarts, pool.pids
+                pool.close()
+
+        results = asyncio.run(main())
+        self.closed_ok = not any(_alive(pid) for pid in self.pids)
+        return results
+
+    def test_results_match_their_jobs(self, tmp_path: Path) -> None:
+        paths = [f"/p{i}" for i in range(8)]
+        results = self.run_pool(tmp_path, 2, paths)
+        assert [r.records[0].key for r in results] == [f"{SHOP}{p}" for p in paths]
+        assert all(r.links == [NewURL(f"{SHOP}/next", SHOP, depth=1)] for r in results)
+        assert len({r.records[0].content_hash for r in results}) == 2  # both workers served
+        assert self.restarts == 0 and self.closed_ok
+
+    def test_timeout_fails_only_the_slow_page(self, tmp_path: Path) -> None:
+        # One worker: the pages queued behind the slow one never started, so they are moved to
+        # the replacement worker instead of failing with it.
+        results = self.run_pool(tmp_path, 1, ["/a", "/slow", "/b", "/c"])
+        assert [r.error for r in results] == [None, "parse timeout after 1.0 s", None, None]
+        assert results[2].records[0].key == f"{SHOP}/b"
+        assert self.restarts == 1 and self.closed_ok
+
+    def test_dead_worker_fails_only_its_page(self, tmp_path: Path) -> None:
+        results = self.run_pool(tmp_path, 1, ["/crash", "/b", "/crash", "/c"])
+        assert [r.error for r in results] == [
+            "parser process died",
+            None,
+            "parser process died",
+            None,
+        ]
+        assert [r.records[0].key for r in results if not r.error] == [f"{SHOP}/b", f"{SHOP}/c"]
+        assert self.restarts == 2 and self.closed_ok
+
+    def test_needs_a_worker(self) -> None:
+        from idemcrawl.parse import ParserPool
+
+        with pytest.raises(ValueError, match="at least one worker"):
+            ParserPool(0, ())
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0): look at its state.
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_wire_format_round_trips() -> None:
+    import pickle
+
+    result = ParseResult(
+        records=[RecordWrite.make("s", "k", {"a": 1})],
+        links=[NewURL(f"{SHOP}/x", SHOP, priority=3, depth=2, kind="sitemap", hops=1)],
+        rejected={"depth": 2},
+        error=None,
+        simhash=2**63 + 5,
+    )
+    assert pickle.loads(pickle.dumps(result, pickle.HIGHEST_PROTOCOL)) == result
+    j = ParseJob(f"{SHOP}/p", 200, dict(HTML), b"<p>x</p>", 4, "sitemap")
+    assert pickle.loads(pickle.dumps(j, pickle.HIGHEST_PROTOCOL)) == j
+
+
+def test_parser_fingerprints_html_pages_only() -> None:
+    from idemcrawl.dedup import simhash64, visible_text
+
+    body = b"<html><body><p>Widget one, widget two</p><script>x()</script></body></html>"
+    html = parser(None).run(job(body))
+    assert html.simhash == simhash64(visible_text(body.decode())) != 0
+    json_page = job(b"{}", headers={"content-type": "application/json"})
+    assert parser(None).run(json_page).simhash is None
+    assert Parser(None, SCOPE, "host", simhash=False).run(job(body)).simhash is None

@@ -30,6 +30,8 @@ def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[bytes]:
         str(cfg),
         "--spider",
         "idemcrawl.testsite.page_spider:PageSpider",
+        "--warc-dir",
+        str(cfg.parent / "warc"),
         "--quiet",
     ]
     return subprocess.Popen(

@@ -62,7 +62,22 @@ def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_pa
     f = SQLiteFrontier(str(db))
     records = {r["key"]: json.loads(r["data"])["price"] for r in f.records()}
     stats = f.stats()
+    same = [f.url_row(f"{base}/same/{k}") for k in range(1, 4)]
+    near = [f.url_row(f"{base}/near/{k}") for k in range(1, 6)]
     f.close()
+    # R11: three byte-identical bodies are archived once; the others point at that copy.
+    assert len({(r["warc_file"], r["warc_offset"]) for r in same}) == 1
+    assert stats.counters["content_duplicates"] >= 2  # /a/a/… pages are identical too
+    # Near-duplicates (one sentence differs) form one group under the first fetched, their
+    # revisit interval is stretched, and each one's unique link was still followed.
+    roots = [r["url_id"] for r in near if r["near_dup_of"] is None]
+    assert len(roots) == 1
+    assert all(r["near_dup_of"] in (None, roots[0]) for r in near)
+    member = next(r for r in near if r["near_dup_of"] is not None)
+    root = next(r for r in near if r["near_dup_of"] is None)
+    assert member["revisit_interval"] > root["revisit_interval"]
+    assert stats.counters["near_duplicates"] >= 4  # trap pages are near-duplicates too
+    assert site.hits["/leaf/"] == 5
     assert records == {f"T-{n:03d}": product_price(n) for n in range(1, PRODUCTS + 1)}
     hits = site.hits
     # Each trap family is cut: a paused template admits 1 in 20 after 40, depth stops at 60.

@@ -75,6 +75,13 @@ class RunResult:
     wall_s: float = 0.0
     exit_code: int | None = None
     group_commit_max: int = 0
+    #: R21: index events vs completed page versions, and events sharing a key (must be 0).
+    events: int = 0
+    completed_versions: int = 0
+    duplicate_event_keys: int = 0
+    #: R20: WARC records read back by both warcio and FastWARC, URL pointers checked.
+    warc_records: int = 0
+    warc_pointers_checked: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -119,6 +126,8 @@ class ChaosReport:
             "repeated",
             "in flight at kills",
             "kills",
+            "events",
+            "WARC records",
             "wall s",
             "verdict",
         )
@@ -141,6 +150,8 @@ class ChaosReport:
                     if r.crawler != "naive"
                     else "-",
                     str(r.kills_landed),
+                    f"{r.events}/{r.completed_versions}" if r.crawler != "naive" else "-",
+                    str(r.warc_records) if r.crawler != "naive" else "-",
                     f"{r.wall_s:.1f}",
                     verdict,
                 )
@@ -314,8 +325,21 @@ def _score(res: RunResult, crawler: str, db: str, shop: ShopConfig) -> None:
             res.group_commit_max = int(
                 con.execute("SELECT value FROM meta WHERE key = 'group_commit_max'").fetchone()[0]
             )
+            res.events = con.execute("SELECT count(*) FROM events").fetchone()[0]
+            res.duplicate_event_keys = res.events - con.execute(
+                "SELECT count(*) FROM (SELECT DISTINCT url_id, url_version FROM events)"
+            ).fetchone()[0]
+            res.completed_versions = con.execute(
+                "SELECT count(*) FROM urls WHERE kind = 'page' AND state = 'done'"
+            ).fetchone()[0]
+            pointers = con.execute(
+                "SELECT warc_file, warc_offset, warc_length, payload_digest FROM urls "
+                "WHERE warc_file IS NOT NULL"
+            ).fetchall()
     finally:
         con.close()
+    if crawler != "naive":
+        _check_archive(res, db + ".warc", pointers)
     res.rows = len(rows)
     res.correct = sum(1 for sku, price in rows if expected.get(sku) == price)
     res.distinct = len({sku for sku, _ in rows})
@@ -327,6 +351,34 @@ def _score(res: RunResult, crawler: str, db: str, shop: ShopConfig) -> None:
             res.problems.append(f"{res.rows - res.correct} rows differ from the page")
         if res.missing:
             res.problems.append(f"{res.missing} products missing")
+
+
+def _check_archive(res: RunResult, directory: str, pointers: list[tuple[Any, ...]]) -> None:
+    """Every WARC file reads end to end (both libraries); every URL's pointer leads to a
+    response whose payload digest matches the one stored with the URL."""
+    from .warc import WarcError, WarcPointer, read_response, verify_directory
+
+    if res.events != res.completed_versions:
+        res.problems.append(
+            f"{res.events} index events for {res.completed_versions} completed versions"
+        )
+    if res.duplicate_event_keys:
+        res.problems.append(f"{res.duplicate_event_keys} duplicate event keys")
+    try:
+        report = verify_directory(directory)
+    except WarcError as exc:
+        res.problems.append(f"WARC store unreadable: {exc}")
+        return
+    res.warc_records = sum(report["records"].values())
+    for err in report["errors"][:5]:
+        res.problems.append(f"WARC: {err}")
+    for file, offset, length, digest in pointers:
+        try:
+            read_response(directory, WarcPointer(file, offset, length, digest))
+        except (OSError, WarcError) as exc:
+            res.problems.append(f"WARC pointer {file}@{offset}: {exc}")
+            continue
+        res.warc_pointers_checked += 1
 
 
 def run_chaos(opts: ChaosOptions, log: Callable[[str], None] = lambda s: None) -> ChaosReport:

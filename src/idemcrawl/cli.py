@@ -628,10 +628,15 @@ def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
 
 def cmd_crawl(a: argparse.Namespace) -> int:
     from .engine import run_crawl
+    from .progress import ProgressDisplay
 
     cfg = crawl_config_from_args(a)
-    progress = None if (a.quiet or a.json) else (lambda line: print(line, file=sys.stderr))
-    summary = run_crawl(cfg, progress=progress, handle_signals=True)
+    # A live table on a terminal, JSON lines on stderr otherwise (or with --json), none --quiet.
+    mode = "quiet" if a.quiet else ("json" if a.json else "auto")
+    with ProgressDisplay(mode) as display:
+        summary = run_crawl(
+            cfg, progress=display.message, snapshot=display.update, handle_signals=True
+        )
     if a.json:
         print(json.dumps(summary.__dict__, sort_keys=True))
     elif not a.quiet:

@@ -79,7 +79,6 @@ def body_hash(body: bytes) -> str:
 # Visible text and SimHash
 
 _INVISIBLE_TAGS: Final = ["script", "style", "noscript", "template"]
-_SPACES: Final = re.compile(r"\s+")
 
 
 def _decode(html: bytes) -> str:
@@ -104,12 +103,33 @@ def visible_text(html: str | bytes) -> str:
     decoded from BOM / ``<meta charset>`` / UTF-8 only, without the Content-Type header.
     """
     text = _decode(html) if isinstance(html, bytes) else html
-    tree = LexborHTMLParser(text)
+    # str.split() splits on exactly what the regex ``\s`` matches (both are
+    # Py_UNICODE_ISSPACE; tests check every code point) and is ~4x faster than the sub.
+    return " ".join(_raw_visible_text(text).split())
+
+
+def _raw_visible_text(text: str | LexborHTMLParser) -> str:
+    """The visible text before whitespace is collapsed: it has the same words.
+
+    Given a tree, strips its invisible elements in place (the caller is done with it).
+    """
+    tree = LexborHTMLParser(text) if isinstance(text, str) else text
     tree.strip_tags(_INVISIBLE_TAGS)
     node = tree.body if tree.body is not None else tree.root
     if node is None:
         return ""
-    return _SPACES.sub(" ", node.text(separator=" ")).strip()
+    return node.text(separator=" ")
+
+
+def page_simhash(html: str | LexborHTMLParser) -> int:
+    """``simhash64(visible_text(html))`` without collapsing whitespace (the words are the same).
+
+    What the parser processes compute for every HTML page (``ParseResult.simhash``). Pass the
+    page's own parsed tree to save parsing it again; it is modified (scripts, styles… are
+    stripped), so only once nothing else will read it. ~0.6 ms for a 15 KB page on this
+    machine, against ~2 ms for the composition it equals.
+    """
+    return simhash64(_raw_visible_text(html))
 
 
 #: Words are runs of Unicode word characters after lower-casing, so punctuation, case and
@@ -131,9 +151,23 @@ def _feature_hash(feature: str) -> int:
     return xxhash.xxh3_64_intdigest(feature.encode("utf-8"))
 
 
-#: For byte value v, _BIT_OF[b][v] is 1 when bit b of v is set: one ``bytes.translate`` +
-#: ``bytes.count`` per bit counts that bit over all features at C speed.
-_BIT_OF: Final = tuple(bytes((v >> b) & 1 for v in range(256)) for b in range(8))
+#: The byte with only bit ``b`` set, repeated per feature to mask bit ``b`` of every byte.
+_BIT_BYTE: Final = tuple(bytes([1 << b]) for b in range(8))
+
+
+#: ASCII bytes that are not word characters (``\w`` of a str pattern on ASCII is exactly
+#: ``[A-Za-z0-9_]``, checked by the tests) become spaces, so ``bytes.split`` yields the words.
+_ASCII_NONWORD_TO_SPACE: Final = bytes(
+    c if chr(c).isascii() and (chr(c).isalnum() or c == ord("_")) else ord(" ") for c in range(256)
+)
+#: The same, lower-casing ASCII letters on the way (``str.lower`` of ASCII text).
+_ASCII_WORDS_LOWER: Final = _ASCII_NONWORD_TO_SPACE.translate(bytes(range(256)).lower())
+#: Bit ``b`` of every byte, for up to this many features; ``column & mask`` only runs over the
+#: column's own length, so one long mask serves every shorter text.
+_MASK_FEATURES: Final = 4096
+_BIT_MASKS: Final = tuple(
+    int.from_bytes(bytes([1 << b]) * _MASK_FEATURES, "little") for b in range(8)
+)
 
 
 def simhash64(text: str) -> int:
@@ -145,27 +179,46 @@ def simhash64(text: str) -> int:
     "+weight/-weight per bit, keep the sign" rule with weight = frequency of the feature
     (a repeated shingle counts once per occurrence). Ties give 0. An empty text gives 0.
 
-    Returns an int in ``[0, 2**64)``. The per-bit majority is computed by slicing the packed
-    hashes into byte columns and counting bits with ``bytes.translate``/``count``, which is
-    about 30x faster in CPython than the textbook 64-iteration loop per feature.
+    Returns an int in ``[0, 2**64)``. Implementation (same result as the definition above,
+    checked against a textbook version by the tests; ~0.4 ms for 2,000 words instead of
+    ~1.6 ms): ASCII text is tokenised as bytes (translate + split instead of a regex), the
+    shingles are built and hashed as bytes by C-level ``map`` calls, and the per-bit majority
+    counts bits over a whole byte column at once: the column as one big int, AND a mask with
+    bit ``b`` of every byte, ``int.bit_count``.
     """
-    words = _WORD.findall(text.lower())
-    if not words:
-        return 0
-    if len(words) < SHINGLE_WORDS:
-        features: Iterable[str] = words
+    hash64 = xxhash.xxh3_64_intdigest
+    if text.isascii():
+        words: list[Any] = text.encode("ascii").translate(_ASCII_WORDS_LOWER).split()
+        if not words:
+            return 0
+        if len(words) < SHINGLE_WORDS:
+            hashes = array("Q", map(hash64, words))
+        else:
+            shingles = map(b" ".join, zip(words, words[1:], words[2:], strict=False))
+            hashes = array("Q", map(hash64, shingles))
     else:
-        features = map(" ".join, zip(words, words[1:], words[2:], strict=False))
-    hashes = array("Q", map(_feature_hash, features))
+        words = _WORD.findall(text.lower())
+        if not words:
+            return 0
+        if len(words) < SHINGLE_WORDS:
+            features: Iterable[str] = words
+        else:
+            features = map(" ".join, zip(words, words[1:], words[2:], strict=False))
+        hashes = array("Q", map(hash64, map(str.encode, features)))
     if sys.byteorder != "little":
         hashes.byteswap()  # byte j of each item must hold bits 8j..8j+7 on every platform
     raw = hashes.tobytes()
     n = len(hashes)
+    masks = (
+        _BIT_MASKS
+        if n <= _MASK_FEATURES
+        else [int.from_bytes(bit * n, "little") for bit in _BIT_BYTE]
+    )
     fp = 0
     for j in range(8):
-        column = raw[j::8]
-        for b in range(8):
-            if 2 * column.translate(_BIT_OF[b]).count(1) > n:
+        column = int.from_bytes(raw[j::8], "little")
+        for b, mask in enumerate(masks):
+            if 2 * (column & mask).bit_count() > n:
                 fp |= 1 << (8 * j + b)
     return fp
 
@@ -359,13 +412,21 @@ class BloomNegativeCache:
         self.fp_rate = fp_rate
         self._bloom = Bloom(expected_items, fp_rate)
         self.stats = BloomStats()
+        #: Keys added (with repeats): an upper bound on the distinct keys, so while it is below
+        #: the saturation threshold :attr:`saturated` needs no estimate at all.
+        self._adds = 0
+        self._next_estimate = 0
 
     def add(self, key: str) -> None:
         self._bloom.add(key)
+        self._adds += 1
 
     def add_many(self, keys: Iterable[str]) -> None:
         """Add many keys in one call (the loop runs in Rust: ~0.1 µs per key)."""
+        if not isinstance(keys, list | tuple | set | frozenset):
+            keys = list(keys)
         self._bloom.update(keys)
+        self._adds += len(keys)
 
     def might_contain(self, key: str) -> bool:
         """False: ``key`` was never added (no look-up needed). True: it may have been."""
@@ -393,7 +454,8 @@ class BloomNegativeCache:
             self._bloom = Bloom(expected_items, self.fp_rate)
         else:
             self._bloom.clear()
-        self._bloom.update(keys)
+        self._adds = self._next_estimate = 0
+        self.add_many(keys)
 
     @property
     def approx_items(self) -> float:
@@ -406,8 +468,19 @@ class BloomNegativeCache:
 
         The item estimate is only good to ~0.2 %, hence the margin; at 110 % load a filter
         sized for 1 % false positives gives ~1.6 %, so nothing is lost by waiting that long.
+
+        Cheap enough to ask per page: the estimate counts every bit of the array (~0.3 ms for
+        a 100,000-key filter, 7.5 % of the crawl's event loop when it ran per page), so it is
+        only computed once the number of adds could exceed the threshold, and then at most
+        once per 1 % of ``expected_items`` further adds.
         """
-        return self._bloom.approx_items > 1.1 * self.expected_items
+        limit = 1.1 * self.expected_items
+        if self._adds <= limit or self._adds < self._next_estimate:
+            return False
+        if self._bloom.approx_items > limit:
+            return True
+        self._next_estimate = self._adds + max(1, self.expected_items // 100)
+        return False
 
     @property
     def size_in_bits(self) -> int:

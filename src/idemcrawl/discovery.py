@@ -26,6 +26,9 @@ from .frontier.base import PAGE, QUEUED, REJECTED, NewURL
 from .traps import TemplateGate, TrapLimits, url_template
 
 META_KEY = "template_gate"
+#: Most URL strings :class:`KnownURLs` keeps (two generations of half this each): ~150 bytes
+#: per URL, so ~30 MB at most.
+KNOWN_URLS_CAP = 200_000
 
 
 class DiscoveryGate:
@@ -85,3 +88,43 @@ class DiscoveryGate:
                 )
                 refused["template_paused"] = refused.get("template_paused", 0) + 1
         return out, refused
+
+
+class KnownURLs:
+    """URLs this process knows to be in the frontier already: a positive, exact, bounded cache.
+
+    Discovered links are mostly URLs the frontier has had for a while (a site links the same
+    pages from every page: ~95 % of the benchmark's 800,000 links). Each still costs a row in
+    the completion's ``INSERT OR IGNORE`` (~29 % of the SQL thread's busy time, measured with
+    the lease query fixed) and its trip through the gate. A URL goes in here only once the
+    transaction that inserted it has committed (:meth:`add_committed`), and the frontier never
+    forgets a URL, so dropping a link found here changes nothing in the frontier; the caller
+    must still count it (``url_duplicates``, a page's link count). Two generations bound the
+    memory: when the newer fills up, the older is dropped (a miss is only a redundant insert).
+    """
+
+    def __init__(self, cap: int = KNOWN_URLS_CAP) -> None:
+        if cap < 2:
+            raise ValueError(f"cap must be at least 2, got {cap}")
+        self._half = cap // 2
+        self._new: set[str] = set()
+        self._old: set[str] = set()
+
+    def __contains__(self, url: object) -> bool:
+        return url in self._new or url in self._old
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old - self._new)
+
+    def add_committed(self, urls: Iterable[str]) -> None:
+        """Record URLs whose insert (or an earlier one) is committed in the frontier."""
+        new = self._new
+        new.update(urls)
+        if len(new) > self._half:
+            self._old, self._new = new, set()
+
+    def unknown(self, links: Sequence[NewURL]) -> tuple[list[NewURL], int]:
+        """The links not known to be in the frontier, and how many were dropped."""
+        new, old = self._new, self._old
+        keep = [u for u in links if u.url not in new and u.url not in old]
+        return keep, len(links) - len(keep)

@@ -25,15 +25,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
-import multiprocessing
 import os
 import random
 import signal
-import sys
 import time
 from collections.abc import Callable
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -43,16 +41,56 @@ from aiohttp.abc import AbstractResolver
 from . import owner as owners
 from . import url as urls
 from .config import CrawlConfig
+from .dedup import BloomNegativeCache, SimHashIndex
 from .discovery import META_KEY as GATE_META_KEY
 from .discovery import DiscoveryGate
-from .fetch import RETRYABLE_STATUS, Fetcher, FetchError, FetchSettings, retry_after_seconds
+from .fetch import (
+    RETRYABLE_STATUS,
+    Fetcher,
+    FetchError,
+    FetchResult,
+    FetchSettings,
+    retry_after_seconds,
+)
 from .frontier import Frontier, open_frontier
 from .frontier.base import ROBOTS, SITEMAP, Completion, Failure, Lease, NewURL, RobotsFetch
-from .parse import ParseJob, Parser, ParseResult, init_worker, load_spider, parse_in_worker, warm_up
+from .parse import ParseJob, Parser, ParseResult, ParserPool, load_spider
+from .warc import WarcPointer, WarcStore, payload_digest
 
 T = TypeVar("T")
 MAX_ROBOTS_REDIRECTS = 5
+#: Under load, the feeder waits this long for more idle workers before a lease call, and the
+#: committer this long for more completions before a commit (when ``commit_seconds`` is 0): one
+#: transaction then serves several pages instead of one (docs/benchmarks.md, profile).
+COALESCE_SECONDS = 0.01
 Outcome = Completion | Failure
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    """Where a page's response is archived (all None when WARC output is off)."""
+
+    file: str | None = None
+    offset: int | None = None
+    length: int | None = None
+    digest: str | None = None
+    stored: bool = False
+
+
+def conditional_headers(lease: Lease) -> dict[str, str]:
+    """If-None-Match / If-Modified-Since from the previous round's validators (R13)."""
+    headers = {}
+    if lease.etag:
+        headers["If-None-Match"] = lease.etag
+    if lease.last_modified:
+        headers["If-Modified-Since"] = lease.last_modified
+    return headers
+
+
+def warc_prefix(owner: str) -> str:
+    """A WARC file prefix per owner slot: one writer per prefix, deterministic names."""
+    cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in owner)
+    return f"idemcrawl-{cleaned}"[:100]
 
 
 @dataclass
@@ -70,6 +108,9 @@ class CrawlSummary:
     commit_max_batch: int = 0
     commit_max_seconds: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    revisits_started: int = 0
+    warc_repaired_bytes: int = 0
 
 
 class Engine:
@@ -79,6 +120,7 @@ class Engine:
         *,
         resolver: AbstractResolver | None = None,
         progress: Callable[[str], None] | None = None,
+        snapshot: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         config.validate()
         self.cfg = config
@@ -86,9 +128,12 @@ class Engine:
         self.summary = CrawlSummary()
         self._resolver = resolver
         self._progress = progress
+        self._snapshot = snapshot
+        self._live: Any = None  # metrics.LiveGauges when --metrics-port is set
+        self._parse_waiting = 0
         self._db_exec: concurrent.futures.ThreadPoolExecutor | None = None
         self._frontier: Frontier | None = None
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool: ParserPool | None = None
         self._parser: Parser | None = None
         self._owner = ""
         self._stop_reason = ""
@@ -99,6 +144,15 @@ class Engine:
         self._gate: DiscoveryGate | None = None
         self._next_gate_save = 0.0
         self._rng = random.Random()
+        self.recrawl = config.recrawl_policy()
+        self._warc: WarcStore | None = None
+        self._warc_exec: concurrent.futures.ThreadPoolExecutor | None = None
+        self._bodies: BloomNegativeCache | None = None
+        self._simhash: SimHashIndex | None = None
+        self._dup_root: dict[int, int] = {}
+        self._next_reschedule = 0.0
+        #: Idle workers worth one lease transaction without waiting (see COALESCE_SECONDS).
+        self._lease_chunk = max(2, config.concurrency // 8)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -129,11 +183,29 @@ class Engine:
         )
         self._db_exec = concurrent.futures.ThreadPoolExecutor(1, "idemcrawl-db")
         slot: owners.OwnerSlot | None = None
+        metrics_server: Any = None
         try:
             self._frontier = await self._db(open_frontier, cfg.db)
             slot = owners.acquire(cfg.db)
             self._owner = slot.owner
+            if cfg.warc:
+                # The slot's flock makes this process the prefix's only writer; opening cuts a
+                # record a killed predecessor left half-written.
+                self._warc = WarcStore(
+                    cfg.warc_directory(),
+                    warc_prefix(self._owner),
+                    max_file_bytes=cfg.warc_max_file_bytes,
+                )
+                self.summary.warc_repaired_bytes = self._warc.repaired_bytes
+                self._warc_exec = concurrent.futures.ThreadPoolExecutor(1, "idemcrawl-warc")
             await self._prepare()
+            if cfg.metrics_port is not None:
+                from .metrics import LiveGauges, start_metrics_server
+
+                self._live = LiveGauges()
+                metrics_server = start_metrics_server(cfg.db, cfg.metrics_port, self._live)
+                if self._progress:
+                    self._progress(f"metrics at {metrics_server.url}")
             scope_hosts = await self._db(self.frontier.seed_hosts)
             self._start_parsers(scope_hosts)
             fetch_settings = FetchSettings(
@@ -142,20 +214,22 @@ class Engine:
                 read_timeout=cfg.read_timeout,
                 total_timeout=cfg.total_timeout,
                 max_bytes=cfg.max_bytes,
+                max_decompressed_bytes=cfg.max_decompressed_bytes,
                 allow_private=cfg.allow_private,
             )
             async with Fetcher(fetch_settings, cfg.concurrency, self._resolver) as fetcher:
                 self._fetcher = fetcher
                 async with asyncio.TaskGroup() as outer:
                     outer.create_task(self._committer(), name="committer")
-                    if self._progress:
+                    report = bool(self._progress or self._snapshot or self._live)
+                    if report:
                         reporter = outer.create_task(self._reporter(t0), name="reporter")
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._feeder(), name="feeder")
                         for i in range(cfg.concurrency):
                             tg.create_task(self._worker(), name=f"worker-{i}")
                     await self._commit_q.put(None)
-                    if self._progress:
+                    if report:
                         reporter.cancel()
             await self._save_gate()
             self.summary.stopped_by = self._stop_reason or "finished"
@@ -164,7 +238,13 @@ class Engine:
         finally:
             self.summary.seconds = time.monotonic() - t0
             if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool.close()
+            if metrics_server is not None:
+                metrics_server.close()
+            if self._warc_exec is not None:
+                self._warc_exec.shutdown(wait=True)
+            if self._warc is not None:
+                self._warc.close()
             if self._frontier is not None:
                 await self._db(self._frontier.close)
             self._db_exec.shutdown(wait=True)
@@ -179,6 +259,16 @@ class Engine:
         requeued = await self._db(f.requeue_deferred) if self.cfg.retry_deferred else 0
         if requeued and self._progress:
             self._progress(f"requeued {requeued} deferred URLs")
+        for host, budget in self.cfg.host_budgets:
+            await self._db(f.control, "set-budget", host, budget)
+        if self._warc is not None:
+            digests = list(await self._db(f.body_digests))
+            self._bodies = BloomNegativeCache(max(100_000, 2 * len(digests)))
+            self._bodies.add_many(digests)
+        self._simhash = SimHashIndex(3)
+        for url_id, fp, near in await self._db(f.simhashes):
+            self._simhash.add(fp, url_id)
+            self._dup_root[url_id] = near if near is not None else url_id
         for host, delay, concurrency in self.cfg.host_overrides:
             await self._db(
                 partial(f.set_host_overrides, host, delay=delay, max_in_flight=concurrency)
@@ -231,16 +321,11 @@ class Engine:
         if self.cfg.parse_workers == 0:
             self._parser = Parser(spec, scope_hosts, self.cfg.scope, self.cfg.trap_limits())
             return
-        self._new_pool()
-        self._parse_slots = asyncio.Semaphore(self.cfg.parse_workers * 2)
-
-    def _new_pool(self) -> None:
-        ctx = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
-        self._pool = concurrent.futures.ProcessPoolExecutor(
+        # Parser processes fed from the event loop (parse.ParserPool): no helper threads; a
+        # timed-out or dead worker fails its page only and is replaced.
+        self._pool = ParserPool(
             self.cfg.parse_workers,
-            mp_context=ctx,
-            initializer=init_worker,
-            initargs=(
+            (
                 self._spider_spec,
                 self._scope_hosts,
                 self.cfg.scope,
@@ -248,22 +333,17 @@ class Engine:
                 self.cfg.parse_memory_limit,
             ),
         )
-        for _ in range(self.cfg.parse_workers):
-            self._pool.submit(warm_up)
-
-    def _kill_pool(self) -> None:
-        pool = self._pool
-        if pool is None:
-            return
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-        self._new_pool()
+        self._pool.start()
+        # Pages queued per parser process: enough that a worker always has its next page even
+        # when the event loop answers late (it shares the GIL with the SQL thread, whose
+        # switch interval is 5 ms, against ~1.3 ms per parse).
+        self._parse_slots = asyncio.Semaphore(self.cfg.parse_workers * 4)
 
     # -- tasks ----------------------------------------------------------------------------------
 
     async def _feeder(self) -> None:
         cfg = self.cfg
+        lingered = False
         try:
             while not self._stop_reason:
                 want = self._idle - self._work.qsize()
@@ -275,7 +355,21 @@ class Engine:
                 if want <= 0:
                     await self._wait_wake(None)
                     continue
+                busy = self._in_flight >= self._lease_chunk
+                if want < self._lease_chunk and busy and not lingered:
+                    # Busy: let a few more workers become idle so that one lease transaction
+                    # serves them all (a lease per page made the lease path the top SQL cost).
+                    lingered = True
+                    await asyncio.sleep(COALESCE_SECONDS)
+                    continue
+                lingered = False
                 now = time.time()
+                if cfg.recrawl and now >= self._next_reschedule:
+                    # R16: start a new round (version + 1) for URLs whose next_fetch_at came.
+                    self._next_reschedule = now + 1.0
+                    self.summary.revisits_started += await self._db(
+                        self.frontier.reschedule_due, now, 1000
+                    )
                 leases = await self._db(
                     self.frontier.lease, self._owner, want, now, cfg.lease_seconds, self.policy
                 )
@@ -286,7 +380,7 @@ class Engine:
                         self._work.put_nowait(lease)
                     continue
                 prog = await self._db(self.frontier.progress, now)
-                if prog.finished and self._in_flight == 0:
+                if prog.finished and self._in_flight == 0 and not cfg.recrawl:
                     break
                 if prog.leased > self._in_flight and now >= self._next_reclaim:
                     # Someone else holds leases: if it was a process of this machine that died,
@@ -296,7 +390,12 @@ class Engine:
                 wake_at = min(
                     (
                         t
-                        for t in (prog.next_due_at, prog.next_lease_expiry, prog.next_host_ready_at)
+                        for t in (
+                            prog.next_due_at,
+                            prog.next_lease_expiry,
+                            prog.next_host_ready_at,
+                            prog.next_refetch_at if cfg.recrawl else None,
+                        )
                         if t is not None
                     ),
                     default=now + 1.0,
@@ -330,27 +429,51 @@ class Engine:
             return None  # someone else may hold it by now; fetching would break the host limits
         if lease.kind == ROBOTS:
             return await self._fetch_robots(lease)
+        conditional = conditional_headers(lease)
         try:
-            res = await self._fetcher.fetch(lease.url)
+            res = await self._fetcher.fetch(lease.url, conditional or None)
         except FetchError as exc:
             self._count_error(exc.kind)
             if exc.kind == "blocked":
                 return Failure(lease, str(exc), retry_at=None)
             return self._retry(lease, str(exc), None, None)
         self.summary.fetched += 1
+        self.summary.bytes += len(res.body)
         if res.status in RETRYABLE_STATUS:
             self._count_error(f"http_{res.status}")
             ra = retry_after_seconds(
                 res.headers.get("retry-after"), time.time(), self.cfg.retry_after_cap
             )
             return self._retry(lease, f"HTTP {res.status}", res.status, ra)
+        if res.status == 304 and conditional:
+            return await self._not_modified(lease, res)
         job = ParseJob(lease.url, res.status, res.headers, res.body, lease.depth, lease.kind)
         result = await self._parse(job)
+        links = result.links
+        counters: dict[str, int] = {}
+        error = f"cut: {res.cut_reason}" if res.cut_reason else None
+        if res.cut_reason:
+            counters[f"cut_{res.cut_reason.split(':')[0]}"] = 1
+        redirect_to = None
+        if 300 <= res.status < 400 and res.headers.get("location"):
+            redirect_to, links, error = self._redirect(lease, res.headers["location"], links)
+            if error:
+                counters["redirects_too_long"] = 1
+        archived = await self._archive(lease, res, result, links)
         if result.error:
             self._count_error("parse")
-            return Failure(lease, result.error, retry_at=None, status=res.status)
+            return Failure(
+                lease,
+                result.error,
+                retry_at=None,
+                status=res.status,
+                warc_file=archived.file,
+                warc_offset=archived.offset,
+                warc_length=archived.length,
+                payload_digest=archived.digest,
+            )
         assert self._gate is not None
-        links, refused = self._gate.filter(result.links)
+        links, refused = self._gate.filter(links)
         if self._gate.needs_rebuild:
             await self._rebuild_gate()
         rejections = dict(result.rejected)
@@ -358,18 +481,192 @@ class Engine:
             rejections[reason] = rejections.get(reason, 0) + n
         for reason, n in rejections.items():
             self.summary.links_rejected[reason] = self.summary.links_rejected.get(reason, 0) + n
+        near = self._near_duplicate(lease, result.simhash)
+        digest = hashlib.blake2b(res.body, digest_size=16).hexdigest()
+        changed = lease.prev_hash != digest or lease.prev_status != res.status
+        now = time.time()
+        interval = self.recrawl.next_interval(
+            lease.url,
+            lease.interval,
+            changed=changed,
+            status=res.status,
+            near_duplicate=near is not None,
+        )
         return Completion(
             lease,
             res.status,
-            time.time(),
+            now,
             result.records,
             links,
-            hashlib.blake2b(res.body, digest_size=16).hexdigest(),
+            digest,
             len(res.body),
-            "truncated at max bytes" if res.truncated else None,
+            error,
             latency=res.elapsed,
             rejections=rejections,
+            etag=res.headers.get("etag"),
+            last_modified=res.headers.get("last-modified"),
+            changed=changed,
+            next_fetch_at=now + interval,
+            revisit_interval=interval,
+            warc_file=archived.file,
+            warc_offset=archived.offset,
+            warc_length=archived.length,
+            payload_digest=archived.digest,
+            stored_body=archived.stored,
+            simhash=result.simhash,
+            near_dup_of=near,
+            canonical_hint=getattr(result, "canonical", None),
+            redirect_to=redirect_to,
+            counters=counters,
         )
+
+    async def _not_modified(self, lease: Lease, res: FetchResult) -> Completion:
+        """A 304 (R13): no body to store or parse; the schedule lengthens; no index event."""
+        if self._warc is not None:
+            await self._in_warc_thread(
+                partial(
+                    self._warc.write_revisit,
+                    url=lease.url,
+                    fetched_at=time.time() - res.elapsed,
+                    request_headers=res.request_headers,
+                    status=res.status,
+                    reason=res.reason,
+                    http_version=res.http_version,
+                    response_headers=res.raw_headers,
+                    profile="server-not-modified",
+                    refers_to=None,
+                    refers_to_uri=lease.url,
+                    refers_to_date=None,
+                    payload_digest=None,
+                    ip=res.ip,
+                )
+            )
+        now = time.time()
+        interval = self.recrawl.next_interval(
+            lease.url, lease.interval, changed=False, status=lease.prev_status or 200
+        )
+        return Completion(
+            lease,
+            304,
+            now,
+            latency=res.elapsed,
+            etag=res.headers.get("etag") or lease.etag,
+            last_modified=res.headers.get("last-modified") or lease.last_modified,
+            changed=False,
+            next_fetch_at=now + interval,
+            revisit_interval=interval,
+        )
+
+    def _redirect(
+        self, lease: Lease, location: str, links: list[NewURL]
+    ) -> tuple[str | None, list[NewURL], str | None]:
+        """R14: the target is a URL of its own (scope, robots, SSRF and dedup apply to it as to
+        any link) one hop further; past ``max_redirects`` hops the chain is cut and recorded."""
+        try:
+            target: str | None = urls.normalise(location, lease.url)
+        except urls.InvalidURL:
+            target = None
+        hops = lease.hops + 1
+        if hops > self.cfg.max_redirects:
+            return target, [], f"redirect chain longer than {self.cfg.max_redirects} hops"
+        return target, [dataclasses.replace(u, hops=hops) for u in links], None
+
+    async def _archive(
+        self, lease: Lease, res: FetchResult, result: ParseResult, links: list[NewURL]
+    ) -> Archived:
+        """Write the exchange to the WARC store before the completion commits (R19, R20).
+
+        It is written once the page is parsed so the metadata record can list the discovered
+        links; a page whose parse fails or times out is archived all the same (reparse reads it
+        back). A body byte-identical to one already archived becomes a ``revisit`` record that
+        points at the first copy (R11): stored once, referenced after.
+        """
+        if self._warc is None:
+            return Archived()
+        store = self._warc
+        body_digest = payload_digest(res.body)
+        assert self._bodies is not None
+        first = None
+        if self._bodies.might_contain(body_digest):
+            found = await self._db(self.frontier.find_bodies, [body_digest])
+            first = found.get(body_digest)
+        fetched_at = time.time() - res.elapsed  # WARC-Date: when the request went out
+        if first is not None:
+            ref = WarcPointer(first[0], first[1], first[2], body_digest)
+            await self._in_warc_thread(
+                partial(
+                    store.write_revisit,
+                    url=lease.url,
+                    fetched_at=fetched_at,
+                    request_headers=res.request_headers,
+                    status=res.status,
+                    reason=res.reason,
+                    http_version=res.http_version,
+                    response_headers=res.raw_headers,
+                    profile="identical-payload-digest",
+                    refers_to=ref,
+                    refers_to_uri=first[3],
+                    refers_to_date=None,
+                    payload_digest=body_digest,
+                    ip=res.ip,
+                )
+            )
+            # The URL points at the full copy, so reparse and readers get the body.
+            return Archived(ref.file, ref.offset, ref.length, body_digest, stored=False)
+        metadata = {
+            "url_version": lease.version,
+            "status": res.status,
+            "elapsed_s": round(res.elapsed, 6),
+            "wire_bytes": res.wire_bytes,
+            "cut_reason": res.cut_reason,
+            "parse_error": result.error,
+            "links": [u.url for u in links],
+            "records": len(result.records),
+        }
+        ptr = await self._in_warc_thread(
+            partial(
+                store.write_exchange,
+                url=lease.url,
+                fetched_at=fetched_at,
+                request_headers=res.request_headers,
+                status=res.status,
+                reason=res.reason,
+                http_version=res.http_version,
+                response_headers=res.raw_headers,
+                body=res.body,
+                ip=res.ip,
+                metadata=metadata,
+                truncated=res.cut_reason,
+                # An encoding the fetcher could not decode is archived as received.
+                decoded=not any("not decoded" in n for n in res.notes),
+            )
+        )
+        self._bodies.add(body_digest)
+        return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
+
+    async def _in_warc_thread(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._warc_exec, fn)
+
+    def _near_duplicate(self, lease: Lease, fp: int | None) -> int | None:
+        """The near-duplicate group this page joins (R11), via the permuted-table index."""
+        index = self._simhash
+        if fp is None or index is None:
+            return None
+        # near() lists the nearest first; a recrawled page finds itself at distance 0.
+        match = next(
+            (
+                doc
+                for doc, dist in index.near(fp)
+                if doc != lease.url_id and dist <= self.cfg.near_dup_distance
+            ),
+            None,
+        )
+        root = None if match is None else self._dup_root.get(match, match)
+        if lease.url_id not in self._dup_root:
+            index.add(fp, lease.url_id)
+            self._dup_root[lease.url_id] = root if root is not None else lease.url_id
+        return root
 
     async def _fetch_robots(self, lease: Lease) -> Completion:
         """Fetch robots.txt, following up to 5 redirects (RFC 9309 2.3.1.2), each SSRF-checked."""
@@ -436,20 +733,17 @@ class Engine:
     async def _parse(self, job: ParseJob) -> ParseResult:
         if self._parser is not None:
             return self._parser.run(job)
-        loop = asyncio.get_running_loop()
-        async with self._parse_slots:
-            pool = self._pool
-            try:
-                fut = loop.run_in_executor(pool, parse_in_worker, job)
-                return await asyncio.wait_for(fut, self.cfg.parse_timeout)
-            except TimeoutError:
-                if pool is self._pool:
-                    self._kill_pool()
-                return ParseResult(error=f"parse timeout after {self.cfg.parse_timeout} s")
-            except BrokenProcessPool:
-                if pool is self._pool:
-                    self._kill_pool()
-                return ParseResult(error="parser process died")
+        assert self._pool is not None
+        self._parse_waiting += 1  # parser backlog: fetched pages waiting for a parser
+        try:
+            async with self._parse_slots:
+                self._parse_waiting -= 1
+                try:
+                    return await self._pool.parse(job, self.cfg.parse_timeout)
+                finally:
+                    self._parse_waiting += 1
+        finally:
+            self._parse_waiting -= 1
 
     async def _committer(self) -> None:
         cfg = self.cfg
@@ -459,7 +753,10 @@ class Engine:
             if first is None:
                 break
             batch: list[Outcome] = [first]
-            deadline = time.monotonic() + cfg.commit_seconds
+            linger = cfg.commit_seconds
+            if not linger and self._in_flight > self._lease_chunk:
+                linger = COALESCE_SECONDS  # busy: more completions are moments away
+            deadline = time.monotonic() + linger
             while len(batch) < cfg.commit_batch:
                 if self._commit_q.empty():
                     left = deadline - time.monotonic()
@@ -507,16 +804,53 @@ class Engine:
             await self._save_gate()
 
     async def _reporter(self, t0: float) -> None:
-        assert self._progress is not None
+        """Every 2 s: this process's rates and the crawl-wide state (frontier, all processes)
+        for the progress display and the live metrics gauges."""
+        from .metrics import host_summary
+        from .progress import RateMeter
+
+        pages, nbytes = RateMeter(), RateMeter()
+        urls: dict[str, int] = {}
+        hosts: dict[str, int] = {}
+        requests = records = 0
+        next_frontier_read = 0.0
         while True:
             await asyncio.sleep(2.0)
             s = self.summary
-            el = time.monotonic() - t0
-            self._progress(
-                f"{el:7.1f}s  fetched {s.fetched}  ({s.fetched / el:.1f}/s)  committed "
-                f"{s.committed}  records {s.records}  in flight {self._in_flight}  "
-                f"errors {sum(s.errors.values())}"
-            )
+            now = time.monotonic()
+            if now >= next_frontier_read:
+                next_frontier_read = now + 10.0  # O(URLs) counts: not every tick
+                stats = await self._db(self.frontier.stats)
+                urls = {k: v for k, v in stats.urls_by_state.items() if v}
+                requests, records = stats.counters.get("fetches", 0), stats.records
+                hosts = host_summary(await self._db(self.frontier.hosts_report, time.time()))
+            snap = {
+                "elapsed_s": round(now - t0, 1),
+                "pages_per_s": round(pages.add(s.fetched, now), 1),
+                "bytes_per_s": round(nbytes.add(s.bytes, now)),
+                "urls": urls,
+                "hosts_ready": hosts.get("ready", 0),
+                "hosts_backoff": hosts.get("backoff", 0),
+                "in_flight": self._in_flight,
+                "parser_backlog": self._parse_waiting,
+                "records": records,
+                "requests_per_record": round(requests / records, 3) if records else None,
+                "errors": dict(s.errors),
+            }
+            live = self._live
+            if live is not None:
+                live.parser_backlog = self._parse_waiting
+                live.in_flight = self._in_flight
+                live.pages_per_second = snap["pages_per_s"]
+                live.bytes_per_second = snap["bytes_per_s"]
+            if self._snapshot is not None:
+                self._snapshot(snap)
+            elif self._progress is not None:
+                self._progress(
+                    f"{snap['elapsed_s']:7.1f}s  fetched {s.fetched}  "
+                    f"({snap['pages_per_s']}/s)  committed {s.committed}  records {s.records}  "
+                    f"in flight {self._in_flight}  errors {sum(s.errors.values())}"
+                )
 
 
 def run_crawl(
@@ -524,10 +858,15 @@ def run_crawl(
     *,
     resolver: AbstractResolver | None = None,
     progress: Callable[[str], None] | None = None,
+    snapshot: Callable[[dict[str, Any]], None] | None = None,
     handle_signals: bool = False,
 ) -> CrawlSummary:
-    """Run one crawl process to its end (or until a signal / ``max_pages``)."""
-    engine = Engine(config, resolver=resolver, progress=progress)
+    """Run one crawl process to its end (or until a signal / ``max_pages``).
+
+    ``progress`` receives one-off messages (and, without ``snapshot``, a status line every
+    2 s); ``snapshot`` receives the live numbers every 2 s (``progress.ProgressDisplay.update``).
+    """
+    engine = Engine(config, resolver=resolver, progress=progress, snapshot=snapshot)
 
     async def main() -> CrawlSummary:
         if handle_signals:
@@ -546,4 +885,19 @@ def run_crawl(
                 loop.add_signal_handler(sig, on_signal, sig.name)
         return await engine.run()
 
-    return asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(main())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (optional ``fast`` extra): less CPU per request and callback.
+
+    ``IDEMCRAWL_UVLOOP=0`` keeps the standard loop (for comparisons and debugging).
+    """
+    if os.environ.get("IDEMCRAWL_UVLOOP", "1") == "0":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

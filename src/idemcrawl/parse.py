@@ -8,22 +8,35 @@ bytes and tuples crosses the process boundary.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import multiprocessing
+import operator
 import os
+import pickle
 import re
+import signal
+import struct
 import sys
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from . import url as urls
+from .dedup import page_simhash
 from .frontier.base import PAGE, SITEMAP, NewURL, RecordWrite, canonical_json
 from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
@@ -133,6 +146,9 @@ class Page:
         self.depth = depth
         self._scope_hosts = scope_hosts
         self._scope = scope
+        #: What :meth:`links` returned, with each URL's host key: normalised and in scope
+        #: already, so the parser does not redo that when the spider yields them.
+        self._checked_links: dict[str, str] = {}
 
     @property
     def content_type(self) -> str:
@@ -177,22 +193,38 @@ class Page:
                     pass
         return self.url
 
+    @cached_property
+    def resolver(self) -> urls.Resolver:
+        """``normalise(href, page.base_url)`` with fast paths for the page's many links."""
+        return urls.Resolver(self.base_url)
+
     def links(self) -> list[str]:
         """Absolute, normalised, in-scope links of the page, each once, in document order."""
         if not self.is_html:
             return []
-        out: dict[str, None] = {}
-        base = self.base_url
+        out: dict[str, str] = {}
+        resolve = self.resolver.resolve
+        host_key = urls.host_key
+        scope_hosts, scope = self._scope_hosts, self._scope
+        # Scope is decided by the host key alone in every mode (same origin, same site, any).
+        scoped: dict[str, bool] = {}
         for node in self._tree.css("a[href], area[href]"):
             href = node.attributes.get("href")
             if not href:
                 continue
             try:
-                u = urls.normalise(href, base)
+                u = resolve(href)
             except urls.InvalidURL:
                 continue
-            if self.in_scope(u):
-                out[u] = None
+            if u in out:
+                continue
+            hk = host_key(u)
+            ok = scoped.get(hk)
+            if ok is None:
+                ok = scoped[hk] = urls.in_scope(u, scope_hosts, scope)
+            if ok:
+                out[u] = hk
+        self._checked_links.update(out)
         return list(out)
 
     def in_scope(self, url: str) -> bool:
@@ -274,6 +306,10 @@ class ParseJob:
     depth: int
     kind: str = PAGE
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A plain tuple on the wire: the dataclass default pickles a field dict per object.
+        return (ParseJob, (self.url, self.status, self.headers, self.body, self.depth, self.kind))
+
 
 @dataclass(slots=True)
 class ParseResult:
@@ -282,6 +318,38 @@ class ParseResult:
     #: Links not followed, by reason class (out_of_scope, invalid_url, url_length, depth, …).
     rejected: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    #: 64-bit SimHash of an HTML page's visible text (:func:`dedup.simhash64` of
+    #: :func:`dedup.visible_text`), for near-duplicate grouping at completion (R11).
+    simhash: int | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Records and links as tuples of their fields: ~40 links per page cross the process
+        boundary, and the dataclass default (a field-name dict per object) cost more than the
+        link extraction itself."""
+        records = list(map(_record_fields, self.records))
+        links = list(map(_link_fields, self.links))
+        return (_result_from_wire, (records, links, self.rejected, self.error, self.simhash))
+
+
+#: Field values in declaration order, so ``Class(*values)`` rebuilds the object (C speed).
+_record_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(RecordWrite)))
+_link_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(NewURL)))
+
+
+def _result_from_wire(
+    records: list[tuple[Any, ...]],
+    links: list[tuple[Any, ...]],
+    rejected: dict[str, int],
+    error: str | None,
+    simhash: int | None,
+) -> ParseResult:
+    return ParseResult(
+        [RecordWrite(*r) for r in records],
+        [NewURL(*u) for u in links],
+        rejected,
+        error,
+        simhash,
+    )
 
 
 class Parser:
@@ -293,12 +361,19 @@ class Parser:
         scope_hosts: frozenset[str],
         scope: str,
         limits: TrapLimits | None = None,
+        *,
+        simhash: bool = True,
     ) -> None:
         self.spider = load_spider(spider_spec)()
+        #: Compute ParseResult.simhash for HTML pages (~0.5 ms per 15 KB page).
+        self.simhash = simhash
         self.source = str(self.spider.name)
         self.scope_hosts = scope_hosts
         self.scope = scope
         self.limits = limits or TrapLimits()
+        #: check_url's verdict on the URL alone (its depth check aside), by URL: sites link the
+        #: same pages from many pages. Bounded; only used when depth 0 passes the depth check.
+        self._trap_cache: dict[str, str | None] = {}
 
     def run(self, job: ParseJob) -> ParseResult:
         result = ParseResult()
@@ -327,16 +402,20 @@ class Parser:
             return result
         try:
             for item in self.spider.parse(page) or ():
-                if isinstance(item, Record):
+                if isinstance(item, str):
+                    self._follow_page_link(result, item, page, depth, 0)
+                elif isinstance(item, Record):
                     result.records.append(self._record(item))
                 elif isinstance(item, Link):
-                    self._follow(result, item.url, page.base_url, depth, item.priority)
-                elif isinstance(item, str):
-                    self._follow(result, item, page.base_url, depth, 0)
+                    self._follow_page_link(result, item.url, page, depth, item.priority)
                 else:
                     raise TypeError(
                         f"spider yielded {type(item).__name__}; expected Record, Link or str"
                     )
+            if self.simhash and page.is_html:
+                # The spider is done and Node offers it no way to change the tree, so the
+                # page's own tree is visible_text(page.text)'s input, parsed already.
+                result.simhash = page_simhash(page._tree)
         except MemoryError:
             return ParseResult(error="parse error: memory limit exceeded")
         except Exception as exc:  # a spider bug must fail this URL, not the crawl
@@ -361,6 +440,44 @@ class Parser:
             _count(result.rejected, "sitemap_invalid_or_cross_host")
         if parsed.truncated_reason:
             _count(result.rejected, "sitemap_truncated")
+
+    def _follow_page_link(
+        self, result: ParseResult, href: str, page: Page, depth: int, prio: int
+    ) -> None:
+        """:meth:`_follow` for a link of ``page``: the same checks, done once per URL."""
+        hk = page._checked_links.get(href)
+        if hk is not None:
+            u = href  # from page.links(): normalised and scope-checked already
+        else:
+            try:
+                u = page.resolver.resolve(href)
+            except urls.InvalidURL:
+                _count(result.rejected, "invalid_url")
+                return
+            if not urls.in_scope(u, self.scope_hosts, self.scope):
+                _count(result.rejected, "out_of_scope")
+                return
+            hk = urls.host_key(u)
+        trap = self._check_url(u, depth)
+        if trap is not None:
+            _count(result.rejected, reason_class(trap))
+            return
+        result.links.append(NewURL(u, hk, prio, depth))
+
+    def _check_url(self, url: str, depth: int) -> str | None:
+        """``check_url(url, depth, limits)``, with the URL-only part cached by URL."""
+        limits = self.limits
+        if depth > limits.max_depth or limits.max_depth < 0:
+            return check_url(url, depth, limits)
+        cache = self._trap_cache
+        try:
+            return cache[url]
+        except KeyError:
+            pass
+        if len(cache) >= 50_000:
+            cache.clear()
+        verdict = cache[url] = check_url(url, depth, limits)
+        return verdict
 
     def _follow(
         self,
@@ -428,9 +545,300 @@ def parse_in_worker(job: ParseJob) -> ParseResult:
     return _worker.run(job)
 
 
-def warm_up() -> int:
-    """A no-op task that makes the pool start its processes before the first page arrives."""
-    return os.getpid()
+# -- the parser pool ----------------------------------------------------------------------------
+#
+# Parser processes fed by the event loop itself. concurrent.futures.ProcessPoolExecutor needs two
+# helper threads in the crawl process (a queue feeder and a result manager) and three thread
+# hand-offs per page; on a crawl process whose event loop and SQL thread already share one GIL,
+# those hand-offs were ~15 % of its CPU (docs/benchmarks.md). Here each worker has a job pipe and
+# a result pipe that the loop reads and writes without blocking (add_reader/add_writer), so a
+# page costs one pickle each way and no thread at all.
+
+#: multiprocessing.Connection's framing (4-byte signed big-endian length; -1 and then an 8-byte
+#: length for huge messages), so the worker side can use Connection.recv_bytes/send_bytes.
+_LEN = struct.Struct("!i")
+_BIG_LEN = struct.Struct("!Q")
+_READ_CHUNK = 1 << 18
+PROCESS_DIED = "parser process died"
+
+
+def _frame(payload: bytes) -> bytes:
+    n = len(payload)
+    if n > 0x7FFFFFFF:
+        return _LEN.pack(-1) + _BIG_LEN.pack(n) + payload
+    return _LEN.pack(n) + payload
+
+
+def _pool_worker(jobs: Connection, results: Connection, initargs: tuple[Any, ...]) -> None:
+    """A parser process: parse jobs in arrival order until the job pipe closes.
+
+    Interrupts are the crawl process's to handle: on Ctrl-C or SIGTERM to the process group it
+    drains its in-flight pages, which still need their parses; the worker ends when the crawl
+    process closes its job pipe (or dies, which closes it too).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    init_worker(*initargs)
+    dumps, loads = pickle.dumps, pickle.loads
+    while True:
+        try:
+            data = jobs.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            result = parse_in_worker(loads(data))
+            out = dumps(result, pickle.HIGHEST_PROTOCOL)
+        except MemoryError:
+            out = dumps(ParseResult(error="parse error: memory limit exceeded"))
+        except Exception as exc:  # e.g. a record that cannot be pickled: fail the page only
+            out = dumps(ParseResult(error=f"parse error: {type(exc).__name__}: {exc}"[:500]))
+        try:
+            results.send_bytes(out)
+        except OSError:
+            return
+
+
+@dataclass(eq=False)
+class _PendingJob:
+    payload: bytes
+    future: asyncio.Future[ParseResult]
+    timeout: float
+
+
+@dataclass(eq=False)
+class _Worker:
+    proc: BaseProcess
+    rfd: int
+    wfd: int
+    pending: deque[_PendingJob] = field(default_factory=deque)
+    inbuf: bytearray = field(default_factory=bytearray)
+    outbuf: bytearray = field(default_factory=bytearray)
+    timer: asyncio.TimerHandle | None = None
+    dead: bool = False
+
+
+class ParserPool:
+    """``workers`` parser processes, each running :func:`init_worker` with ``initargs`` once.
+
+    :meth:`parse` sends a job to the worker with the fewest jobs queued and waits for its
+    result. A job that runs past its timeout, or whose worker dies (a crash, the memory cap of
+    a process without memory to raise MemoryError), gets a :class:`ParseResult` with the
+    error; that worker is replaced and the jobs queued behind it, which never started, go to
+    the replacement. Use from one event loop.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        initargs: tuple[Any, ...],
+        context: BaseContext | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"a parser pool needs at least one worker, got {workers}")
+        self._n = workers
+        self._initargs = initargs
+        self._ctx = context or multiprocessing.get_context(
+            "forkserver" if sys.platform != "win32" else "spawn"
+        )
+        self._workers: list[_Worker] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        #: Workers replaced after a timeout or a death (for tests and the crawl summary).
+        self.restarts = 0
+
+    def start(self) -> None:
+        """Start the processes now (otherwise the first :meth:`parse` does)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        while len(self._workers) < self._n:
+            self._workers.append(self._spawn())
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers if w.proc.pid is not None]
+
+    async def parse(self, job: ParseJob, timeout: float) -> ParseResult:
+        if self._closed:
+            raise RuntimeError("parser pool is closed")
+        self.start()
+        loop = self._loop
+        assert loop is not None
+        item = _PendingJob(
+            pickle.dumps(job, pickle.HIGHEST_PROTOCOL), loop.create_future(), timeout
+        )
+        worker = min(self._workers, key=lambda w: len(w.pending))
+        self._submit(worker, item)
+        return await item.future
+
+    def close(self, grace: float = 5.0) -> None:
+        """Close the job pipes (workers finish their current page and exit); kill stragglers."""
+        self._closed = True
+        workers, self._workers = self._workers, []
+        for w in workers:
+            self._detach(w)
+            for item in w.pending:
+                if not item.future.done():
+                    item.future.cancel()
+            w.pending.clear()
+        deadline = time.monotonic() + grace
+        for w in workers:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(1.0)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _spawn(self) -> _Worker:
+        jobs_r, jobs_w = self._ctx.Pipe(duplex=False)
+        res_r, res_w = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(
+            target=_pool_worker,
+            args=(jobs_r, res_w, self._initargs),
+            name="idemcrawl-parser",
+            daemon=True,
+        )
+        try:
+            proc.start()
+        finally:
+            jobs_r.close()  # the child has its own copies now
+            res_w.close()
+        rfd, wfd = os.dup(res_r.fileno()), os.dup(jobs_w.fileno())
+        res_r.close()
+        jobs_w.close()
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        worker = _Worker(proc, rfd, wfd)
+        assert self._loop is not None
+        self._loop.add_reader(rfd, self._on_readable, worker)
+        return worker
+
+    def _submit(self, w: _Worker, item: _PendingJob) -> None:
+        w.pending.append(item)
+        if len(w.pending) == 1:
+            self._arm(w)
+        self._write(w, _frame(item.payload))
+
+    def _arm(self, w: _Worker) -> None:
+        """Time the job at the head of the queue: the one the worker is parsing now."""
+        assert self._loop is not None
+        if w.timer is not None:
+            w.timer.cancel()
+        w.timer = None
+        if w.pending:
+            w.timer = self._loop.call_later(w.pending[0].timeout, self._on_timeout, w)
+
+    def _write(self, w: _Worker, data: bytes) -> None:
+        if w.dead:
+            return
+        if not w.outbuf:
+            try:
+                n = os.write(w.wfd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._replace(w, PROCESS_DIED)
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+            assert self._loop is not None
+            self._loop.add_writer(w.wfd, self._on_writable, w)
+        w.outbuf += data
+
+    def _on_writable(self, w: _Worker) -> None:
+        try:
+            n = os.write(w.wfd, w.outbuf)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._replace(w, PROCESS_DIED)
+            return
+        del w.outbuf[:n]
+        if not w.outbuf:
+            assert self._loop is not None
+            self._loop.remove_writer(w.wfd)
+
+    def _on_readable(self, w: _Worker) -> None:
+        try:
+            data = os.read(w.rfd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # EOF: the worker exited
+            self._replace(w, PROCESS_DIED)
+            return
+        buf = w.inbuf
+        buf += data
+        while len(buf) >= _LEN.size:
+            n = _LEN.unpack_from(buf)[0]
+            start = _LEN.size
+            if n < 0:
+                if len(buf) < _LEN.size + _BIG_LEN.size:
+                    break
+                n = _BIG_LEN.unpack_from(buf, _LEN.size)[0]
+                start += _BIG_LEN.size
+            if len(buf) < start + n:
+                break
+            message = bytes(buf[start : start + n])
+            del buf[: start + n]
+            self._on_result(w, message)
+
+    def _on_result(self, w: _Worker, message: bytes) -> None:
+        if not w.pending:
+            return  # cannot happen with an honest worker; nothing to deliver it to
+        item = w.pending.popleft()
+        self._arm(w)
+        try:
+            result = pickle.loads(message)
+        except Exception as exc:
+            result = ParseResult(error=f"parse error: bad result from parser: {exc}"[:500])
+        if not item.future.done():
+            item.future.set_result(result)
+
+    def _on_timeout(self, w: _Worker) -> None:
+        w.timer = None
+        if w.pending and not w.dead:
+            self._replace(w, f"parse timeout after {w.pending[0].timeout} s")
+
+    def _replace(self, w: _Worker, error: str) -> None:
+        """Fail the job the worker was on, kill it, and requeue the rest on a new worker."""
+        if w.dead:
+            return
+        self._detach(w)
+        if w.proc.is_alive():
+            w.proc.kill()
+        w.proc.join(1.0)
+        queued = list(w.pending)
+        w.pending.clear()
+        if queued and not queued[0].future.done():
+            queued[0].future.set_result(ParseResult(error=error))
+        if self._closed:
+            for item in queued[1:]:
+                item.future.cancel()
+            return
+        self.restarts += 1
+        fresh = self._spawn()
+        self._workers[self._workers.index(w)] = fresh
+        for item in queued[1:]:
+            if not item.future.done():
+                self._submit(fresh, item)
+
+    def _detach(self, w: _Worker) -> None:
+        if w.dead:
+            return
+        w.dead = True
+        if w.timer is not None:
+            w.timer.cancel()
+            w.timer = None
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(w.rfd)
+            loop.remove_writer(w.wfd)
+        for fd in (w.wfd, w.rfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def iter_records(items: Iterable[Any]) -> Iterator[Record]:

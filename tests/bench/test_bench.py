@@ -198,6 +198,25 @@ def test_options_validation_and_dsn_masking() -> None:
     assert one.endswith("_r1_idemcrawl") and "mine" not in one
 
 
+def test_crawl_args_reach_the_crawl_and_the_report() -> None:
+    opts = BenchOptions(crawl_args=("--parse-workers", "2"), compare=("bare",))
+    opts.validate()
+    cmd = bench.tool_command("idemcrawl", ["http://127.0.0.1:1/p/0"], opts, "x.db", Path("o"))
+    assert cmd[-2:] == ["--parse-workers", "2"]
+    assert opts.command_line().endswith("--crawl-args '--parse-workers 2'")
+    for reserved in ("--db", "--spider=x", "--json"):
+        with pytest.raises(bench.BenchError, match="may not set"):
+            BenchOptions(crawl_args=(reserved,)).validate()
+    import argparse
+
+    p = argparse.ArgumentParser()
+    bench.add_bench_crawl_arguments(p)
+    a = p.parse_args(["--crawl-args", "--parse-workers 2 --commit-seconds 0.05"])
+    assert bench.options_from_args(a).crawl_args == (
+        "--parse-workers", "2", "--commit-seconds", "0.05",
+    )  # fmt: skip
+
+
 def test_missing_scrapy_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "scrapy_available", lambda: False)
     tools, skipped = bench.plan_tools(BenchOptions(compare=("scrapy", "bare")))
@@ -301,3 +320,33 @@ def test_report_medians_ratios_and_warnings() -> None:
     assert "aaa in round 1, bbb in round 2" in text
     assert "busy during 1 of 3 runs" in text  # one run could not be measured
     assert "| idemcrawl/bare | 0.19x |" in text
+
+
+def test_pyspy_summary_groups_roles_and_skips_waits(tmp_path: Path) -> None:
+    raw = tmp_path / "p.raw"
+    raw.write_text(
+        'process 1:"python -m idemcrawl crawl";<module> (x.py:1);Engine._process (e.py:3) 6\n'
+        'process 1:"python -m idemcrawl crawl";<module> (x.py:1);EpollSelector.select '
+        "(selectors.py:9) 4\n"
+        'process 1:"python";thread (0x1);Thread._bootstrap (threading.py:1);_worker '
+        "(concurrent/futures/thread.py:2);SQLiteFrontier.lease (sqlite.py:7) 3\n"
+        'process 2:"python -c from multiprocessing.forkserver import main";_pool_worker '
+        "(parse.py:5);simhash64 (dedup.py:8) 5\n"
+        "garbage line\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "pyspy_summary.py"), str(raw), "--top", "3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "== crawl: event loop: 10 samples, 6 busy (60%)" in out
+    assert "== crawl: SQL thread: 3 samples, 3 busy (100%)" in out
+    assert "== parser process: 5 samples, 5 busy (100%)" in out
+    assert "100.0%  simhash64 (dedup.py)" in out
+    missing = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "pyspy_summary.py"), str(tmp_path / "none.raw")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "cannot read" in missing.stderr

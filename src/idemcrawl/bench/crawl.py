@@ -126,6 +126,9 @@ class BenchOptions:
     command: str | None = None
     #: Where bare_crawler.py and scrapy_spider.py are; default: the checkout's benchmarks/.
     benchmarks_dir: str | None = None
+    #: Extra ``idemcrawl crawl`` flags (e.g. ``("--parse-workers", "2")``), for experiments;
+    #: they are part of the reported command line.
+    crawl_args: tuple[str, ...] = ()
 
     def validate(self) -> None:
         problems = []
@@ -142,6 +145,9 @@ class BenchOptions:
             problems.append("--server must be auto, nginx or aiohttp")
         if not _is_dsn(self.db) and self.db != "sqlite" and not os.path.isdir(self.db):
             problems.append("--db must be 'sqlite', an existing directory or postgresql://...")
+        reserved = {"--db", "--spider", "--json", "--quiet"}
+        if any(a.split("=", 1)[0] in reserved for a in self.crawl_args):
+            problems.append(f"--crawl-args may not set {', '.join(sorted(reserved))}")
         if problems:
             raise BenchError("; ".join(problems))
 
@@ -156,6 +162,8 @@ class BenchOptions:
         parts += ["--compare", ",".join(self.compare) or "none", "--runs", str(self.runs)]
         if self.server != "auto":
             parts += ["--server", self.server]
+        if self.crawl_args:
+            parts += ["--crawl-args", shlex.join(self.crawl_args)]
         return shlex.join(parts)
 
 
@@ -749,6 +757,7 @@ def tool_command(
             "--allow-private", "127.0.0.1",
             "--quiet",
             "--json",
+            *opts.crawl_args,  # later flags win: an experiment can override the caps above
         ]  # fmt: skip
     script = benchmarks_dir(opts) / ("bare_crawler.py" if tool == "bare" else "scrapy_spider.py")
     if tool == "bare":
@@ -931,6 +940,12 @@ def add_bench_crawl_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run (default 3600)")
     p.add_argument("--workdir", default=None, help="where the site and databases go")
+    p.add_argument(
+        "--crawl-args",
+        default="",
+        help="extra flags for idemcrawl's crawl command, one shell-quoted string "
+        "(e.g. --crawl-args '--parse-workers 2')",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("-o", "--output", default=None, help="also write the markdown report here")
 
@@ -952,6 +967,7 @@ def options_from_args(a: argparse.Namespace, argv: Sequence[str] | None = None) 
         timeout=a.timeout,
         workdir=a.workdir,
         command=command,
+        crawl_args=tuple(shlex.split(a.crawl_args)),
     )
 
 

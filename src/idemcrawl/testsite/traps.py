@@ -5,7 +5,8 @@
   order), so the number of distinct URLs is practically unbounded;
 * ``/s;jsessionid=…``: a fresh session id in every link;
 * ``/a/``: a relative link ``a/`` that builds ``/a/a/a/…``;
-* ``/dup/N``: pages with identical bodies, and ``/near/N`` pages that differ by one sentence;
+* ``/dup/N``: pages with the same text, ``/same/N`` pages whose bodies are byte-identical,
+  and ``/near/N`` pages that differ by one sentence (each with one unique link to ``/leaf/N``);
 * ``/p/N``: the 20 real products (``span.sku``, ``span.price``), linked from the home page and
   from the trap pages.
 
@@ -43,6 +44,18 @@ def _html(body: str) -> web.Response:
     )
 
 
+_WORDS = [
+    *("amber", "basil", "cedar", "delta", "ember", "fjord"),
+    *("garnet", "harbor", "indigo", "juniper", "kestrel", "lagoon"),
+]
+#: A long article: 80 different sentences, so one changed sentence is a small change.
+_NEAR_TEXT = " ".join(
+    f"Section {i} explains how the {_WORDS[i % 12]} {_WORDS[(i * 5 + 3) % 12]} "
+    f"meets the {_WORDS[(i * 7 + 1) % 12]} near mile {i * 13 % 97}."
+    for i in range(80)
+)
+
+
 def _products(k: int = 3, start: int = 0) -> str:
     return "".join(f'<a href="/p/{(start + i) % PRODUCTS + 1}">p</a>' for i in range(k))
 
@@ -59,7 +72,8 @@ class TrapSite:
         return app
 
     def family(self, path: str) -> str:
-        for prefix in ("/cal/", "/shop", "/s;", "/a/", "/dup/", "/near/", "/p/"):
+        families = ("/cal/", "/shop", "/s;", "/a/", "/dup/", "/same/", "/near/", "/leaf/", "/p/")
+        for prefix in families:
             if path.startswith(prefix):
                 return prefix
         return path
@@ -77,6 +91,7 @@ class TrapSite:
                 links + '<a href="/cal/2024/01/01">calendar</a><a href="/shop">shop</a>'
                 '<a href="/s;jsessionid=0000">session</a><a href="/a/">a</a>'
                 '<a href="/dup/1">dup</a><a href="/near/1">near</a>'
+                + "".join(f'<a href="/same/{k}">same {k}</a>' for k in range(1, 4))
             )
         if raw_path.startswith("/p/"):
             n = int(raw_path[3:]) if raw_path[3:].isdigit() else 0
@@ -115,13 +130,18 @@ class TrapSite:
             n = raw_path[5:]
             nxt = int(n) + 1 if n.isdigit() and int(n) < 5 else 1
             return _html(f'<p>The very same page body.</p><a href="/dup/{nxt}">more</a>')
+        if raw_path.startswith("/same/"):
+            return _html("<p>Byte for byte the same page under three URLs.</p>" + _products(2, 3))
         if raw_path.startswith("/near/"):
             n = raw_path[6:]
             k = int(n) if n.isdigit() else 1
             nxt = k + 1 if k < 5 else 1
-            text = "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 40
+            text = _NEAR_TEXT
             return _html(
                 f"<p>{text}</p><p>Changed sentence number {k}.</p>"
-                f'<a href="/near/{nxt}">more</a><a href="/p/{k + 10}">unique</a>'
+                f'<a href="/near/{nxt}">more</a><a href="/leaf/{k}">unique</a>'
             )
+        if raw_path.startswith("/leaf/"):
+            # Reachable only from one near-duplicate page: proof its links were followed.
+            return _html(f"<p>Leaf {raw_path[6:]}</p>")
         return web.Response(status=404)

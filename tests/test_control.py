@@ -1,0 +1,119 @@
+"""Live control (issue 9): pause/resume/set-delay reach three running crawl processes through
+the frontier, checked against the server's own request log."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "idemcrawl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def _starts(site: MultiHostServer, host: str, after: float) -> list[float]:
+    log = site.request_log()
+    return sorted(e["start"] for e in log if e["host"] == host and e["start"] > after)
+
+
+def test_pause_resume_and_set_delay_across_three_processes(tmp_path: Path) -> None:
+    db = str(tmp_path / "c.db")
+    specs = [HostSpec("a", pages=2000, latency_ms=20), HostSpec("b", pages=2000, latency_ms=20)]
+    with MultiHostServer(specs) as site:
+        a, b = site.base_urls
+        cmd = [
+            sys.executable,
+            "-m",
+            "idemcrawl",
+            "crawl",
+            *site.seed_urls,
+            "--db",
+            db,
+            "--spider",
+            "idemcrawl.testsite.page_spider:PageSpider",
+            "--delay",
+            "0.05",
+            "--host-concurrency",
+            "2",
+            "--allow-private",
+            "127.0.0.1",
+            "--no-warc",
+            "--quiet",
+        ]
+        procs = [
+            subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for _ in range(3)
+        ]
+        try:
+            deadline = time.monotonic() + 30
+            while len(_starts(site, a, 0)) < 20 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert len(_starts(site, a, 0)) >= 20, "the crawl did not start"
+
+            paused_at = time.monotonic()
+            assert _cli("control", "--db", db, "pause", a).returncode == 0
+            time.sleep(6)
+            assert _starts(site, a, paused_at + 5) == []  # no new request to a within 5 s
+            assert len(_starts(site, b, paused_at + 1)) > 10  # b is not affected
+
+            resumed_at = time.monotonic()
+            assert _cli("control", "--db", db, "resume", a).returncode == 0
+            time.sleep(3)
+            assert len(_starts(site, a, resumed_at)) > 5
+
+            set_at = time.monotonic()
+            res = _cli("control", "--db", db, "set-delay", b, "0.5")
+            assert res.returncode == 0, res.stderr
+            before = _starts(site, b, set_at - 2.0)
+            time.sleep(5)
+            after = _starts(site, b, set_at + 1.5)  # leases granted before the change settle
+            assert len(after) >= 4
+            gaps = [y - x for x, y in itertools.pairwise(after)]
+            assert min(gaps) >= 0.5 - 0.02, gaps
+            old_gaps = [y - x for x, y in itertools.pairwise(before) if y < set_at]
+            assert old_gaps and min(old_gaps) < 0.3  # the gap really changed
+            assert all(p.poll() is None for p in procs)  # nobody restarted
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def test_control_errors_are_clear(tmp_path: Path) -> None:
+    missing = _cli("control", "--db", str(tmp_path / "none.db"), "pause")
+    assert missing.returncode == 2 and "no crawl database" in missing.stderr
+    db = str(tmp_path / "c.db")
+    assert _cli("db", "migrate", "--db", db).returncode == 0
+    for args, needle in (
+        (("set-delay", "a.example"), "takes HOST SECONDS"),
+        (("set-delay", "a.example", "x"), "not a number"),
+        (("set-delay", "a.example", "-1"), "out of range"),
+        (("block",), "takes HOST"),
+        (("add",), "at least one URL"),
+        (("add", "not a url"), "error"),
+    ):
+        res = _cli("control", "--db", db, *args)
+        assert res.returncode == 2 and needle in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr
+    ok = _cli("control", "--db", db, "add", "http://127.0.0.1:9/new")
+    assert ok.returncode == 0 and "added 1" in ok.stdout
+

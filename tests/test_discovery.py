@@ -1,0 +1,39 @@
+"""The discovery gate's known-URL cache: exact, bounded, and only fed committed URLs."""
+
+from __future__ import annotations
+
+import pytest
+
+from idemcrawl.discovery import KnownURLs
+from idemcrawl.frontier.base import NewURL
+
+H = "http://h.test"
+
+
+def links(*paths: str) -> list[NewURL]:
+    return [NewURL(f"{H}{p}", H) for p in paths]
+
+
+def test_only_committed_urls_are_dropped() -> None:
+    known = KnownURLs()
+    keep, dropped = known.unknown(links("/a", "/b"))
+    assert [u.url for u in keep] == [f"{H}/a", f"{H}/b"] and dropped == 0
+    known.add_committed([f"{H}/a"])
+    keep, dropped = known.unknown(links("/a", "/b", "/a"))
+    assert [u.url for u in keep] == [f"{H}/b"] and dropped == 2
+    assert f"{H}/a" in known and f"{H}/b" not in known
+
+
+def test_memory_is_bounded_by_two_generations() -> None:
+    known = KnownURLs(cap=10)
+    known.add_committed(f"{H}/{i}" for i in range(6))  # over half: becomes the old generation
+    assert len(known) == 6 and f"{H}/0" in known
+    known.add_committed(f"{H}/{i}" for i in range(6, 12))  # rotates again: 0..5 forgotten
+    assert f"{H}/0" not in known and f"{H}/11" in known and len(known) == 6
+    keep, dropped = known.unknown(links("/0", "/11"))
+    assert [u.url for u in keep] == [f"{H}/0"] and dropped == 1  # a miss just inserts again
+
+
+def test_cap_must_hold_something() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        KnownURLs(cap=1)
