@@ -92,3 +92,4 @@ def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_pa
     assert rejected.get("links_rejected_template_paused", 0) > 0
     assert rejected.get("links_rejected_repeated_segment", 0) > 0
     assert rejected.get("links_rejected_query_params", 0) > 0
+    assert stats.counters["template_paused"] >= 2  # at least the calendar and the facets

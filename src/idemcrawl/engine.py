@@ -473,7 +473,10 @@ class Engine:
                 payload_digest=archived.digest,
             )
         assert self._gate is not None
+        pauses = self._gate.gate.pauses
         links, refused = self._gate.filter(links)
+        if self._gate.gate.pauses > pauses:
+            counters["template_paused"] = self._gate.gate.pauses - pauses
         if self._gate.needs_rebuild:
             await self._rebuild_gate()
         rejections = dict(result.rejected)

@@ -239,6 +239,8 @@ class TemplateGate:
         self.growth_limit = limits.template_growth_limit
         self.sample_every = limits.template_sample_every
         self._counts: dict[str, int] = {}
+        #: Templates this gate saw cross the growth limit (a trap trigger, for metrics).
+        self.pauses = 0
 
     def admit(self, url: str) -> tuple[bool, str | None]:
         """Count a new URL; ``(True, None)`` to queue it, ``(False, reason)`` to reject it."""
@@ -249,6 +251,8 @@ class TemplateGate:
         n = self._counts.get(template, 0) + 1
         self._counts[template] = n
         over = n - self.growth_limit
+        if over == 1:
+            self.pauses += 1
         if over <= 0 or over % self.sample_every == 0:
             return True, None
         return False, f"template paused: {template} ({self.growth_limit} new URLs)"
