@@ -717,3 +717,20 @@ def test_parser_fingerprints_html_pages_only() -> None:
     json_page = job(b"{}", headers={"content-type": "application/json"})
     assert parser(None).run(json_page).simhash is None
     assert Parser(None, SCOPE, "host", simhash=False).run(job(body)).simhash is None
+
+
+def test_canonical_is_a_normalised_hint_and_survives_the_process_boundary() -> None:
+    import pickle
+
+    from idemcrawl.parse import ParseJob, Parser
+
+    body = (
+        b'<html><head><link rel="canonical" href="/p/1?ref=x#top"></head>'
+        b'<body><a href="/p/2">x</a></body></html>'
+    )
+    parser = Parser(None, frozenset({"http://a.example"}), "host")
+    res = parser.run(ParseJob("http://a.example/p/1?utm=1", 200, {"content-type": "text/html"},
+                              body, 0))
+    assert res.canonical == "http://a.example/p/1?ref=x"
+    assert [u.url for u in res.links] == ["http://a.example/p/2"]  # the URL itself is kept
+    assert pickle.loads(pickle.dumps(res)).canonical == res.canonical

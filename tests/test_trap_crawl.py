@@ -63,6 +63,7 @@ def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_pa
     records = {r["key"]: json.loads(r["data"])["price"] for r in f.records()}
     stats = f.stats()
     same = [f.url_row(f"{base}/same/{k}") for k in range(1, 4)]
+    pdfs = [f.url_row(f"{base}/files/{n}.pdf") for n in ("manual", "copy")]
     near = [f.url_row(f"{base}/near/{k}") for k in range(1, 6)]
     f.close()
     # R11: three byte-identical bodies are archived once; the others point at that copy.
@@ -93,3 +94,10 @@ def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_pa
     assert rejected.get("links_rejected_repeated_segment", 0) > 0
     assert rejected.get("links_rejected_query_params", 0) > 0
     assert stats.counters["template_paused"] >= 2  # at least the calendar and the facets
+    # Downloads the spider asked for are kept once, by content hash, and never parsed.
+    assert site.hits["/files/"] == 2
+    assert pdfs[0]["kind"] == "download" and pdfs[0]["stored_file"] == pdfs[1]["stored_file"]
+    files = list((tmp_path / "c.db.warc" / "files").iterdir())
+    assert [p.name for p in files] == [Path(pdfs[0]["stored_file"]).name]
+    assert files[0].name.endswith(".pdf") and files[0].read_bytes().startswith(b"%PDF")
+    assert stats.counters["downloads"] == 2

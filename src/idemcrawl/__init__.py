@@ -17,11 +17,12 @@ The public API for spider authors::
 
 from .config import CrawlConfig
 from .engine import CrawlSummary, Engine, run_crawl
-from .parse import Link, Node, Page, Record, Spider
+from .parse import Download, Link, Node, Page, Record, Spider
 
 __all__ = [
     "CrawlConfig",
     "CrawlSummary",
+    "Download",
     "Engine",
     "Link",
     "Node",

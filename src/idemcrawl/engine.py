@@ -53,9 +53,18 @@ from .fetch import (
     retry_after_seconds,
 )
 from .frontier import Frontier, open_frontier
-from .frontier.base import ROBOTS, SITEMAP, Completion, Failure, Lease, NewURL, RobotsFetch
+from .frontier.base import (
+    DOWNLOAD,
+    ROBOTS,
+    SITEMAP,
+    Completion,
+    Failure,
+    Lease,
+    NewURL,
+    RobotsFetch,
+)
 from .parse import ParseJob, Parser, ParseResult, ParserPool, load_spider
-from .warc import WarcPointer, WarcStore, payload_digest
+from .warc import WarcPointer, WarcStore, payload_digest, store_download
 
 T = TypeVar("T")
 MAX_ROBOTS_REDIRECTS = 5
@@ -85,6 +94,15 @@ def conditional_headers(lease: Lease) -> dict[str, str]:
     if lease.last_modified:
         headers["If-Modified-Since"] = lease.last_modified
     return headers
+
+
+def download_suffix(url: str) -> str:
+    """The file extension a download keeps (``.pdf``), when the URL path has a plain one."""
+    path = url.split("?", 1)[0].split("#", 1)[0].rsplit("/", 1)[-1]
+    _, dot, ext = path.rpartition(".")
+    if dot and 0 < len(ext) <= 8 and ext.isascii() and ext.isalnum():
+        return "." + ext.lower()
+    return ""
 
 
 def warc_prefix(owner: str) -> str:
@@ -447,6 +465,8 @@ class Engine:
             return self._retry(lease, f"HTTP {res.status}", res.status, ra)
         if res.status == 304 and conditional:
             return await self._not_modified(lease, res)
+        if lease.kind == DOWNLOAD:
+            return await self._download(lease, res)
         job = ParseJob(lease.url, res.status, res.headers, res.body, lease.depth, lease.kind)
         result = await self._parse(job)
         links = result.links
@@ -518,9 +538,47 @@ class Engine:
             stored_body=archived.stored,
             simhash=result.simhash,
             near_dup_of=near,
-            canonical_hint=getattr(result, "canonical", None),
+            canonical_hint=result.canonical,
             redirect_to=redirect_to,
             counters=counters,
+        )
+
+    async def _download(self, lease: Lease, res: FetchResult) -> Completion:
+        """A file a spider asked for: archived, kept under ``files/`` by content hash."""
+        archived = await self._archive(lease, res, ParseResult(), [])
+        stored = None
+        if 200 <= res.status < 300 and not res.cut_reason:
+            suffix = download_suffix(lease.url)
+            directory = self.cfg.warc_directory()
+            stored = await self._in_warc_thread(
+                partial(store_download, directory, res.body, suffix)
+            )
+        digest = hashlib.blake2b(res.body, digest_size=16).hexdigest()
+        now = time.time()
+        changed = lease.prev_hash != digest or lease.prev_status != res.status
+        interval = self.recrawl.next_interval(
+            lease.url, lease.interval, changed=changed, status=res.status
+        )
+        return Completion(
+            lease,
+            res.status,
+            now,
+            content_hash=digest,
+            body_bytes=len(res.body),
+            error=f"cut: {res.cut_reason}" if res.cut_reason else None,
+            latency=res.elapsed,
+            etag=res.headers.get("etag"),
+            last_modified=res.headers.get("last-modified"),
+            changed=changed,
+            next_fetch_at=now + interval,
+            revisit_interval=interval,
+            warc_file=archived.file,
+            warc_offset=archived.offset,
+            warc_length=archived.length,
+            payload_digest=archived.digest,
+            stored_body=archived.stored,
+            stored_file=stored,
+            counters={"downloads": 1} if stored else {},
         )
 
     async def _not_modified(self, lease: Lease, res: FetchResult) -> Completion:

@@ -37,7 +37,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from . import url as urls
 from .dedup import page_simhash
-from .frontier.base import PAGE, SITEMAP, NewURL, RecordWrite, canonical_json
+from .frontier.base import DOWNLOAD, PAGE, SITEMAP, NewURL, RecordWrite, canonical_json
 from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
 
@@ -53,6 +53,16 @@ class Record:
 @dataclass(frozen=True, slots=True)
 class Link:
     """A URL to follow, with an optional priority (higher is fetched first within its host)."""
+
+    url: str
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Download:
+    """A file to fetch and keep (image, PDF…): stored under the WARC directory's ``files/``,
+    named by the SHA-256 of its content, so downloading it again overwrites instead of adding
+    a copy. It is archived like any exchange but never parsed."""
 
     url: str
     priority: int = 0
@@ -321,6 +331,9 @@ class ParseResult:
     #: 64-bit SimHash of an HTML page's visible text (:func:`dedup.simhash64` of
     #: :func:`dedup.visible_text`), for near-duplicate grouping at completion (R11).
     simhash: int | None = None
+    #: The page's ``<link rel=canonical>``, normalised: stored as a hint, never followed in
+    #: place of the URL that was fetched (R9).
+    canonical: str | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Records and links as tuples of their fields: ~40 links per page cross the process
@@ -328,7 +341,10 @@ class ParseResult:
         link extraction itself."""
         records = list(map(_record_fields, self.records))
         links = list(map(_link_fields, self.links))
-        return (_result_from_wire, (records, links, self.rejected, self.error, self.simhash))
+        return (
+            _result_from_wire,
+            (records, links, self.rejected, self.error, self.simhash, self.canonical),
+        )
 
 
 #: Field values in declaration order, so ``Class(*values)`` rebuilds the object (C speed).
@@ -342,6 +358,7 @@ def _result_from_wire(
     rejected: dict[str, int],
     error: str | None,
     simhash: int | None,
+    canonical: str | None = None,
 ) -> ParseResult:
     return ParseResult(
         [RecordWrite(*r) for r in records],
@@ -349,6 +366,7 @@ def _result_from_wire(
         rejected,
         error,
         simhash,
+        canonical,
     )
 
 
@@ -408,10 +426,17 @@ class Parser:
                     result.records.append(self._record(item))
                 elif isinstance(item, Link):
                     self._follow_page_link(result, item.url, page, depth, item.priority)
+                elif isinstance(item, Download):
+                    self._follow(
+                        result, item.url, page.base_url, depth, item.priority, DOWNLOAD
+                    )
                 else:
                     raise TypeError(
-                        f"spider yielded {type(item).__name__}; expected Record, Link or str"
+                        f"spider yielded {type(item).__name__}; "
+                        "expected Record, Link, Download or str"
                     )
+            if page.is_html:
+                result.canonical = _canonical_hint(page)
             if self.simhash and page.is_html:
                 # The spider is done and Node offers it no way to change the tree, so the
                 # page's own tree is visible_text(page.text)'s input, parsed already.
@@ -502,6 +527,16 @@ class Parser:
             _count(result.rejected, reason_class(trap))
             return
         result.links.append(NewURL(u, urls.host_key(u), priority=prio, depth=depth, kind=kind))
+
+
+def _canonical_hint(page: Page) -> str | None:
+    node = page.css_first('link[rel="canonical"][href]')
+    if node is None:
+        return None
+    try:
+        return urls.normalise(str(node.attrs.get("href") or ""), page.base_url)
+    except urls.InvalidURL:
+        return None
 
 
 def _count(counts: dict[str, int], key: str) -> None:

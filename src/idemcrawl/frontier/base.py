@@ -77,6 +77,8 @@ TERMINAL_STATES = (DONE, FAILED, OUT_OF_SCOPE, DISALLOWED, DEFERRED, REJECTED)
 PAGE = "page"
 ROBOTS = "robots"
 SITEMAP = "sitemap"
+#: A file a spider asked for (image, PDF…): fetched, stored by content hash, never parsed.
+DOWNLOAD = "download"
 
 
 class FrontierError(RuntimeError):
@@ -238,6 +240,8 @@ class Completion:
     canonical_hint: str | None = None
     #: Where a redirect points (R14), for loop detection and the URL's record.
     redirect_to: str | None = None
+    #: For a download: the file it was stored as (named by content hash, so repeats overwrite).
+    stored_file: str | None = None
     #: Extra named counters to add in the same transaction (e.g. redirect_loops).
     counters: dict[str, int] = field(default_factory=dict)
 
@@ -542,6 +546,7 @@ def done_values(c: Completion) -> tuple[Any, ...]:
         c.near_dup_of,
         c.canonical_hint,
         c.redirect_to,
+        c.stored_file,
     )
 
 
@@ -564,6 +569,7 @@ DONE_COLUMNS: tuple[tuple[str, bool], ...] = (
     ("near_dup_of", False),
     ("canonical_hint", False),
     ("redirect_to", False),
+    ("stored_file", True),
 )
 
 

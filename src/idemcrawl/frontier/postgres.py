@@ -64,6 +64,7 @@ from ..robots import RobotsState, needs_fetch, state_from_row, state_to_row
 from ..robots import outcome as robots_outcome
 from .base import (
     DONE_COLUMNS,
+    DOWNLOAD,
     FAILED,
     LEASED,
     PAGE,
@@ -327,6 +328,7 @@ CREATE TABLE lease_log (
         "ALTER TABLE urls ADD COLUMN hops INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE urls ADD COLUMN redirect_to TEXT",
         "ALTER TABLE urls ADD COLUMN near_dup_of BIGINT",
+        "ALTER TABLE urls ADD COLUMN stored_file TEXT",
         "ALTER TABLE hosts ADD COLUMN budget INTEGER",
         "ALTER TABLE events ADD COLUMN payload_digest TEXT",
         "CREATE INDEX urls_refetch ON urls (next_fetch_at) WHERE state = 'done'",
@@ -396,6 +398,7 @@ _DONE_TYPES = {
     "near_dup_of": "bigint",
     "canonical_hint": "text",
     "redirect_to": "text",
+    "stored_file": "text",
 }
 _DONE_CAST: dict[str, Callable[[Any], Any]] = {
     col: {"int": int, "bigint": int, "float8": float, "text": str}[t]
@@ -995,7 +998,7 @@ class PostgresFrontier:
             rows = tx.cur.execute(
                 f"SELECT {_URL_PICK_COLS} FROM urls "
                 "WHERE host_key = %s AND state = 'queued' AND due_at <= %s "
-                "AND kind IN ('page', 'sitemap') "
+                "AND kind <> 'robots' "
                 "AND url_id <> ALL(%s::bigint[]) "
                 "ORDER BY priority DESC, due_at LIMIT %s FOR UPDATE SKIP LOCKED",
                 (
@@ -1137,7 +1140,7 @@ class PostgresFrontier:
     def _defer_host(tx: _Tx, host_key: str, reason: str) -> None:
         tx.cur.execute(
             "UPDATE urls SET state = 'deferred', reason = %s "
-            "WHERE host_key = %s AND state = 'queued' AND kind IN ('page', 'sitemap')",
+            "WHERE host_key = %s AND state = 'queued' AND kind <> 'robots'",
             (reason, host_key),
         )
         tx.bump("urls_deferred", tx.cur.rowcount)
@@ -1260,7 +1263,7 @@ class PostgresFrontier:
                 )
                 tx.bump("redirect_loops", 1)
         # Sitemaps emit no event; a round that changed nothing (304, same body) neither.
-        indexed = [c for c in pages if c.lease.kind == PAGE and c.changed]
+        indexed = [c for c in pages if c.lease.kind in (PAGE, DOWNLOAD) and c.changed]
         if indexed:
             # Last in the transaction and held to COMMIT: ids are handed out in commit order.
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK,))
@@ -1583,7 +1586,7 @@ class PostgresFrontier:
             cur = tx.cur
             rows = cur.execute(
                 "SELECT url_id, host_key FROM urls WHERE state = 'done' AND next_fetch_at <= %s "
-                "AND kind IN ('page', 'sitemap') ORDER BY next_fetch_at LIMIT %s",
+                "AND kind <> 'robots' ORDER BY next_fetch_at LIMIT %s",
                 (now, limit),
             ).fetchall()
             if not rows:

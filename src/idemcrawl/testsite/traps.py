@@ -56,6 +56,9 @@ _NEAR_TEXT = " ".join(
 )
 
 
+_PDF = b"%PDF-1.4\n% idemcrawl test document\n" + bytes(range(256)) * 8 + b"\n%%EOF\n"
+
+
 def _products(k: int = 3, start: int = 0) -> str:
     return "".join(f'<a href="/p/{(start + i) % PRODUCTS + 1}">p</a>' for i in range(k))
 
@@ -72,7 +75,10 @@ class TrapSite:
         return app
 
     def family(self, path: str) -> str:
-        families = ("/cal/", "/shop", "/s;", "/a/", "/dup/", "/same/", "/near/", "/leaf/", "/p/")
+        families = (
+            *("/cal/", "/shop", "/s;", "/a/", "/dup/", "/same/", "/near/", "/leaf/", "/p/"),
+            "/files/",
+        )
         for prefix in families:
             if path.startswith(prefix):
                 return prefix
@@ -92,7 +98,11 @@ class TrapSite:
                 '<a href="/s;jsessionid=0000">session</a><a href="/a/">a</a>'
                 '<a href="/dup/1">dup</a><a href="/near/1">near</a>'
                 + "".join(f'<a href="/same/{k}">same {k}</a>' for k in range(1, 4))
+                + '<a href="/files/manual.pdf">manual</a><a href="/files/copy.pdf">copy</a>'
             )
+        if raw_path in ("/files/manual.pdf", "/files/copy.pdf"):
+            # The same document under two names: a download is kept once, by content hash.
+            return web.Response(body=_PDF, content_type="application/pdf")
         if raw_path.startswith("/p/"):
             n = int(raw_path[3:]) if raw_path[3:].isdigit() else 0
             if not 1 <= n <= PRODUCTS:
