@@ -746,32 +746,35 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 def cmd_reparse(a: argparse.Namespace) -> int:
     """Parse archived bodies again with the (fixed) spider; no request leaves the machine."""
+    from .progress import task_progress
     from .reparse import reparse
 
-    def show(s: Any) -> None:
-        if not a.quiet:
-            print(
-                f"reparsed {s.pages} pages, {s.records} records, {s.failed} failed, "
-                f"{s.missing} unreadable",
-                file=sys.stderr,
-            )
+    mode = "quiet" if a.quiet else ("json" if a.json else "auto")
+    with task_progress(None, "reparse", mode=mode) as bar:
 
-    try:
-        summary = reparse(
-            a.db,
-            spider=a.spider,
-            where_failed=a.where_failed,
-            warc_dir=a.warc_dir,
-            scope=a.scope,
-            progress=show,
-        )
-    except FileNotFoundError as exc:
-        raise UsageError(str(exc)) from None
-    out = {k: v for k, v in summary.__dict__.items()}
+        def show(s: Any) -> None:
+            bar.update(s.pages)
+
+        try:
+            summary = reparse(
+                a.db,
+                spider=a.spider,
+                where_failed=a.where_failed,
+                warc_dir=a.warc_dir,
+                scope=a.scope,
+                progress=show,
+            )
+        except FileNotFoundError as exc:
+            raise UsageError(str(exc)) from None
+    out = dict(summary.__dict__)
     out["requests"] = 0
-    print(json.dumps(out, sort_keys=True) if a.json else
-          f"reparsed {summary.pages} pages: {summary.records} records written, "
-          f"{summary.failed} parse failures, {summary.missing} unreadable, 0 requests")
+    if a.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        print(
+            f"reparsed {summary.pages} pages: {summary.records} records written, "
+            f"{summary.failed} parse failures, {summary.missing} unreadable, 0 requests"
+        )
     return 0
 
 
