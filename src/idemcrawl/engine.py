@@ -505,6 +505,33 @@ class Engine:
         for reason, n in rejections.items():
             self.summary.links_rejected[reason] = self.summary.links_rejected.get(reason, 0) + n
         near = self._near_duplicate(lease, result.simhash)
+        return self._round(
+            lease,
+            res,
+            archived,
+            error,
+            counters,
+            near=near,
+            records=result.records,
+            links=links,
+            rejections=rejections,
+            simhash=result.simhash,
+            near_dup_of=near,
+            canonical_hint=result.canonical,
+            redirect_to=redirect_to,
+        )
+
+    def _round(
+        self,
+        lease: Lease,
+        res: FetchResult,
+        archived: Archived,
+        error: str | None,
+        counters: dict[str, int],
+        near: int | None = None,
+        **extra: Any,
+    ) -> Completion:
+        """The completion of one fetched round: content hash, change, next revisit, archive."""
         digest = hashlib.blake2b(res.body, digest_size=16).hexdigest()
         changed = lease.prev_hash != digest or lease.prev_status != res.status
         now = time.time()
@@ -519,13 +546,10 @@ class Engine:
             lease,
             res.status,
             now,
-            result.records,
-            links,
-            digest,
-            len(res.body),
-            error,
+            content_hash=digest,
+            body_bytes=len(res.body),
+            error=error,
             latency=res.elapsed,
-            rejections=rejections,
             etag=res.headers.get("etag"),
             last_modified=res.headers.get("last-modified"),
             changed=changed,
@@ -536,11 +560,8 @@ class Engine:
             warc_length=archived.length,
             payload_digest=archived.digest,
             stored_body=archived.stored,
-            simhash=result.simhash,
-            near_dup_of=near,
-            canonical_hint=result.canonical,
-            redirect_to=redirect_to,
             counters=counters,
+            **extra,
         )
 
     async def _download(self, lease: Lease, res: FetchResult) -> Completion:
@@ -553,33 +574,9 @@ class Engine:
             stored = await self._in_warc_thread(
                 partial(store_download, directory, res.body, suffix)
             )
-        digest = hashlib.blake2b(res.body, digest_size=16).hexdigest()
-        now = time.time()
-        changed = lease.prev_hash != digest or lease.prev_status != res.status
-        interval = self.recrawl.next_interval(
-            lease.url, lease.interval, changed=changed, status=res.status
-        )
-        return Completion(
-            lease,
-            res.status,
-            now,
-            content_hash=digest,
-            body_bytes=len(res.body),
-            error=f"cut: {res.cut_reason}" if res.cut_reason else None,
-            latency=res.elapsed,
-            etag=res.headers.get("etag"),
-            last_modified=res.headers.get("last-modified"),
-            changed=changed,
-            next_fetch_at=now + interval,
-            revisit_interval=interval,
-            warc_file=archived.file,
-            warc_offset=archived.offset,
-            warc_length=archived.length,
-            payload_digest=archived.digest,
-            stored_body=archived.stored,
-            stored_file=stored,
-            counters={"downloads": 1} if stored else {},
-        )
+        error = f"cut: {res.cut_reason}" if res.cut_reason else None
+        counters = {"downloads": 1} if stored else {}
+        return self._round(lease, res, archived, error, counters, stored_file=stored)
 
     async def _not_modified(self, lease: Lease, res: FetchResult) -> Completion:
         """A 304 (R13): no body to store or parse; the schedule lengthens; no index event."""
