@@ -674,6 +674,23 @@ class TestParserPool:
         assert [r.records[0].key for r in results if not r.error] == [f"{SHOP}/b", f"{SHOP}/c"]
         assert self.restarts == 2 and self.closed_ok
 
+    def test_slow_start_is_not_a_parse_timeout(self, tmp_path: Path) -> None:
+        import asyncio
+
+        from idemcrawl.parse import ParserPool
+
+        spider = write(tmp_path / "sleepy.py", "import time\ntime.sleep(1.5)\n" + POOL_SPIDER)
+        pool = ParserPool(1, (f"{spider}:Moody", SCOPE, "host", None, None))
+
+        async def main() -> ParseResult:
+            try:
+                return await pool.parse(pool_job("/a"), 1.0)  # the start alone takes longer
+            finally:
+                pool.close()
+
+        result = asyncio.run(main())
+        assert result.error is None and result.records[0].key == f"{SHOP}/a"
+
     def test_needs_a_worker(self) -> None:
         from idemcrawl.parse import ParserPool
 

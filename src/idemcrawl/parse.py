@@ -614,6 +614,7 @@ def _pool_worker(jobs: Connection, results: Connection, initargs: tuple[Any, ...
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     init_worker(*initargs)
+    results.send_bytes(b"")  # ready: parse timeouts count from here, not from the spawn
     dumps, loads = pickle.dumps, pickle.loads
     while True:
         try:
@@ -650,6 +651,8 @@ class _Worker:
     outbuf: bytearray = field(default_factory=bytearray)
     timer: asyncio.TimerHandle | None = None
     dead: bool = False
+    #: The worker said it finished starting (imports, spider); only then are jobs timed.
+    ready: bool = False
 
 
 class ParserPool:
@@ -750,7 +753,7 @@ class ParserPool:
 
     def _submit(self, w: _Worker, item: _PendingJob) -> None:
         w.pending.append(item)
-        if len(w.pending) == 1:
+        if len(w.pending) == 1 and w.ready:
             self._arm(w)
         self._write(w, _frame(item.payload))
 
@@ -821,6 +824,10 @@ class ParserPool:
             self._on_result(w, message)
 
     def _on_result(self, w: _Worker, message: bytes) -> None:
+        if not w.ready and not message:  # the start-up handshake, never a result (a pickle)
+            w.ready = True
+            self._arm(w)
+            return
         if not w.pending:
             return  # cannot happen with an honest worker; nothing to deliver it to
         item = w.pending.popleft()

@@ -452,7 +452,10 @@ class SQLiteFrontier:
                 "AND in_flight < MAX(1, COALESCE(max_in_flight, ?) >> MIN(error_streak, ?)) "
                 # Only hosts with something due: a host holding only not-yet-due retries would
                 # otherwise sit at the head of the window and starve ready hosts behind it.
-                "AND EXISTS (SELECT 1 FROM urls u WHERE u.host_key = hosts.host_key "
+                # INDEXED BY: planned on urls_state it walks every queued URL per candidate
+                # host (6.2 ms at 12k queued, half the SQL thread); on urls_queue 0.04 ms.
+                "AND EXISTS (SELECT 1 FROM urls u INDEXED BY urls_queue "
+                "WHERE u.host_key = hosts.host_key "
                 "AND u.state = 'queued' AND u.due_at <= ?) "
                 "ORDER BY next_allowed_at LIMIT ?",
                 (now, now, policy.max_in_flight, MAX_STREAK_SHIFT, now, limit * 2 + 8),
