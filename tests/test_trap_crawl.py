@@ -101,3 +101,6 @@ def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_pa
     assert [p.name for p in files] == [Path(pdfs[0]["stored_file"]).name]
     assert files[0].name.endswith(".pdf") and files[0].read_bytes().startswith(b"%PDF")
     assert stats.counters["downloads"] == 2
+    # R9/R10 end to end: four spellings of /p/1 are one fetch; query order is kept (two URLs).
+    assert site.paths["/p/1"] == 1
+    assert site.paths["/p/2?a=1&b=2"] == 1 and site.paths["/p/2?b=2&a=1"] == 1

@@ -66,6 +66,8 @@ def _products(k: int = 3, start: int = 0) -> str:
 class TrapSite:
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
+        #: Requests per exact path and query (to prove one URL was fetched once).
+        self.paths: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._rng = random.Random(7)
 
@@ -89,6 +91,7 @@ class TrapSite:
         raw_path = request.rel_url.raw_path  # the path without the query
         with self._lock:
             self.hits[self.family(raw_path)] += 1
+            self.paths[path] += 1
         if path == "/robots.txt":
             return web.Response(text="User-agent: *\nAllow: /\n")
         if path == "/":
@@ -99,6 +102,10 @@ class TrapSite:
                 '<a href="/dup/1">dup</a><a href="/near/1">near</a>'
                 + "".join(f'<a href="/same/{k}">same {k}</a>' for k in range(1, 4))
                 + '<a href="/files/manual.pdf">manual</a><a href="/files/copy.pdf">copy</a>'
+                # One product under four spellings (one URL), and two query orders (two URLs).
+                + '<a href="/p/1#reviews">r</a><a href="/x/../p/1">x</a>'
+                + f'<a href="HTTP://{request.host}/p/1">upper</a>'
+                + '<a href="/p/2?a=1&amp;b=2">ab</a><a href="/p/2?b=2&amp;a=1">ba</a>'
             )
         if raw_path in ("/files/manual.pdf", "/files/copy.pdf"):
             # The same document under two names: a download is kept once, by content hash.
