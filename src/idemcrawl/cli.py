@@ -322,6 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not archive exchanges (reparse then has nothing to read)",
     )
     c.add_argument(
+        "--warc",
+        dest="warc",
+        action="store_true",
+        default=S,
+        help="archive exchanges (the default; overrides an earlier --no-warc or the config)",
+    )
+    c.add_argument(
         "--metrics-port",
         type=_non_negative_int,
         default=S,

@@ -755,6 +755,9 @@ def tool_command(
             "--delay", "0",
             "--latency-factor", "0",
             "--allow-private", "127.0.0.1",
+            # Like for like: neither Scrapy nor the bare loop archives responses. Measure the
+            # archive's cost with --crawl-args=--warc (docs/benchmarks.md has both figures).
+            "--no-warc",
             "--quiet",
             "--json",
             *opts.crawl_args,  # later flags win: an experiment can override the caps above
