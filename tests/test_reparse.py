@@ -109,3 +109,45 @@ def test_reparse_cli_reports_zero_requests(shop: ShopServer, tmp_path: Path) -> 
         timeout=60,
     )
     assert missing.returncode == 2 and "no WARC store" in missing.stderr
+
+
+def test_an_archive_failure_stops_the_crawl_cleanly_and_loses_nothing(
+    shop: ShopServer, tmp_path: Path, monkeypatch: object
+) -> None:
+    import pytest
+
+    from idemcrawl.warc import WarcError, WarcStore
+
+    db = tmp_path / "c.db"
+    real = WarcStore.write_exchange
+    calls = {"n": 0}
+
+    def failing(self: WarcStore, **kw: object) -> object:
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise WarcError("No space left on device")
+        return real(self, **kw)  # type: ignore[arg-type]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(WarcStore, "write_exchange", failing)
+    try:
+        summary = run_crawl(crawl_config(db, shop.seed_url))
+    finally:
+        mp.undo()
+    assert not summary.finished and summary.stopped_by == "archive-error"
+    assert "No space left" in (summary.fatal or "")
+    # Nothing committed without its archive; the rerun resumes and completes everything.
+    again = run_crawl(crawl_config(db, shop.seed_url))
+    assert again.finished
+    f = SQLiteFrontier(str(db))
+    records = {r["key"]: json.loads(r["data"])["price"] for r in f.records()}
+    f.close()
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    (unarchived,) = con.execute(
+        "SELECT count(*) FROM urls WHERE kind = 'page' AND state = 'done' AND warc_file IS NULL"
+    ).fetchone()
+    con.close()
+    assert records == expected_products(shop.cfg)
+    assert unarchived == 0

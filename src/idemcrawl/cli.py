@@ -652,6 +652,9 @@ def cmd_crawl(a: argparse.Namespace) -> int:
             f"records written {summary.records}, failed {summary.failed} in "
             f"{summary.seconds:.1f} s"
         )
+    if summary.fatal:
+        print(f"idemcrawl crawl: error: {summary.fatal}; rerun to resume", file=sys.stderr)
+        return 1
     return 0
 
 

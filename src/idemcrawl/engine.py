@@ -64,7 +64,7 @@ from .frontier.base import (
     RobotsFetch,
 )
 from .parse import ParseJob, Parser, ParseResult, ParserPool, load_spider
-from .warc import WarcPointer, WarcStore, payload_digest, store_download
+from .warc import WarcError, WarcPointer, WarcStore, payload_digest, store_download
 
 T = TypeVar("T")
 MAX_ROBOTS_REDIRECTS = 5
@@ -122,6 +122,8 @@ class CrawlSummary:
     seconds: float = 0.0
     finished: bool = False
     stopped_by: str = ""
+    #: Why the crawl had to stop on its own (the archive failed, …); None when it did not.
+    fatal: str | None = None
     commit_batches: int = 0
     commit_max_batch: int = 0
     commit_max_seconds: float = 0.0
@@ -479,7 +481,10 @@ class Engine:
             redirect_to, links, error = self._redirect(lease, res.headers["location"], links)
             if error:
                 counters["redirects_too_long"] = 1
-        archived = await self._archive(lease, res, result, links)
+        try:
+            archived = await self._archive(lease, res, result, links)
+        except (WarcError, OSError) as exc:
+            return self._archive_failed(exc)
         if result.error:
             self._count_error("parse")
             return Failure(
@@ -564,16 +569,19 @@ class Engine:
             **extra,
         )
 
-    async def _download(self, lease: Lease, res: FetchResult) -> Completion:
+    async def _download(self, lease: Lease, res: FetchResult) -> Completion | None:
         """A file a spider asked for: archived, kept under ``files/`` by content hash."""
-        archived = await self._archive(lease, res, ParseResult(), [])
         stored = None
-        if 200 <= res.status < 300 and not res.cut_reason:
-            suffix = download_suffix(lease.url)
-            directory = self.cfg.warc_directory()
-            stored = await self._in_warc_thread(
-                partial(store_download, directory, res.body, suffix)
-            )
+        try:
+            archived = await self._archive(lease, res, ParseResult(), [])
+            if 200 <= res.status < 300 and not res.cut_reason:
+                suffix = download_suffix(lease.url)
+                directory = self.cfg.warc_directory()
+                stored = await self._in_warc_thread(
+                    partial(store_download, directory, res.body, suffix)
+                )
+        except (WarcError, OSError) as exc:
+            return self._archive_failed(exc)
         error = f"cut: {res.cut_reason}" if res.cut_reason else None
         counters = {"downloads": 1} if stored else {}
         return self._round(lease, res, archived, error, counters, stored_file=stored)
@@ -701,6 +709,15 @@ class Engine:
         )
         self._bodies.add(body_digest)
         return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
+
+    def _archive_failed(self, exc: Exception) -> None:
+        """The store cannot take the body (disk full, unwritable): completing without it would
+        break the promise that every committed page is archived, so stop the crawl cleanly.
+        The page is not committed; its lease returns and a restart fetches it again."""
+        if self.summary.fatal is None:
+            self.summary.fatal = f"WARC store failed: {exc}"
+            self.stop("archive-error")
+        return None
 
     async def _in_warc_thread(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
