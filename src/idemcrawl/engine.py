@@ -31,6 +31,7 @@ import os
 import random
 import signal
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -72,6 +73,8 @@ MAX_ROBOTS_REDIRECTS = 5
 #: committer this long for more completions before a commit (when ``commit_seconds`` is 0): one
 #: transaction then serves several pages instead of one (docs/benchmarks.md, profile).
 COALESCE_SECONDS = 0.01
+#: Bodies this process archived, remembered until their pages have surely committed.
+RECENT_BODIES = 4096
 Outcome = Completion | Failure
 
 
@@ -170,6 +173,8 @@ class Engine:
         self._bodies: BloomNegativeCache | None = None
         self._simhash: SimHashIndex | None = None
         self._dup_root: dict[int, int] = {}
+        self._recent_bodies: OrderedDict[str, tuple[str, int, int, str]] = OrderedDict()
+        self._body_writes: dict[str, asyncio.Future[None]] = {}
         self._next_reschedule = 0.0
         #: Idle workers worth one lease transaction without waiting (see COALESCE_SECONDS).
         self._lease_chunk = max(2, config.concurrency // 8)
@@ -652,8 +657,13 @@ class Engine:
         store = self._warc
         body_digest = payload_digest(res.body)
         assert self._bodies is not None
-        first = None
-        if self._bodies.might_contain(body_digest):
+        pending = self._body_writes.get(body_digest)
+        if pending is not None:  # the same body is being archived by another worker right now
+            await asyncio.shield(pending)
+        # Bodies this process archived are known here before their pages commit (the bodies
+        # table only learns them at commit), so concurrent copies still become revisits.
+        first = self._recent_bodies.get(body_digest)
+        if first is None and self._bodies.might_contain(body_digest):
             found = await self._db(self.frontier.find_bodies, [body_digest])
             first = found.get(body_digest)
         fetched_at = time.time() - res.elapsed  # WARC-Date: when the request went out
@@ -689,7 +699,28 @@ class Engine:
             "links": [u.url for u in links],
             "records": len(result.records),
         }
-        ptr = await self._in_warc_thread(
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._body_writes[body_digest] = done
+        try:
+            ptr = await self._write_exchange(store, lease, res, fetched_at, metadata)
+        finally:
+            del self._body_writes[body_digest]
+            done.set_result(None)
+        self._bodies.add(body_digest)
+        self._recent_bodies[body_digest] = (ptr.file, ptr.offset, ptr.length, lease.url)
+        if len(self._recent_bodies) > RECENT_BODIES:
+            self._recent_bodies.popitem(last=False)
+        return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
+
+    async def _write_exchange(
+        self,
+        store: WarcStore,
+        lease: Lease,
+        res: FetchResult,
+        fetched_at: float,
+        metadata: dict[str, Any],
+    ) -> WarcPointer:
+        return await self._in_warc_thread(
             partial(
                 store.write_exchange,
                 url=lease.url,
@@ -707,8 +738,6 @@ class Engine:
                 decoded=not any("not decoded" in n for n in res.notes),
             )
         )
-        self._bodies.add(body_digest)
-        return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
 
     def _archive_failed(self, exc: Exception) -> None:
         """The store cannot take the body (disk full, unwritable): completing without it would
