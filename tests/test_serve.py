@@ -89,6 +89,8 @@ def test_recent_errors_come_from_the_frontier_when_it_can_list_them(
 
 def test_loopback_names_only_and_read_only(shop_db: str) -> None:
     async def check(client: TestClient[Any, Any]) -> None:
+        # Only the Host *header* names these; every request goes to the loopback test server.
+        assert client.host == "127.0.0.1"
         for host in ("evil.example", "evil.example:80", "10.0.0.1"):
             resp = await client.get("/api/status", headers={"Host": host})
             assert resp.status == 403, host  # DNS rebinding cannot read the crawl
@@ -115,12 +117,22 @@ def test_page_is_self_contained_with_a_strict_policy(shop_db: str) -> None:
     assert ".innerHTML" not in PAGE  # crawled text only ever goes in as textContent
 
 
-def test_database_errors_are_clear(tmp_path: Path, shop_db: str) -> None:
+def test_database_errors_are_clear(
+    tmp_path: Path, shop_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(FrontierError, match="no crawl database"):
         asyncio.run(make_app(str(tmp_path / "missing.db")))
+    listened: list[str] = []
+
+    async def no_listen(db: str, port: int, host: str, ready: Any) -> None:
+        listened.append(host)  # would open a socket on a non-loopback address
+
+    monkeypatch.setattr("idemcrawl.serve._serve", no_listen)
     for host in ("0.0.0.0", "192.168.1.10", "example.com"):
         with pytest.raises(ValueError, match="loopback only"):
             serve(shop_db, 0, host)
+    assert listened == []  # refused before any socket exists
+    monkeypatch.undo()
 
     gone = tmp_path / "gone.db"
     shutil.copy(shop_db, gone)

@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -193,7 +194,17 @@ def test_counters_endpoint_and_reset() -> None:
         assert s.counters() == {}
 
 
-def test_hostile_resolver_maps_bait_and_loopback() -> None:
+def test_hostile_resolver_maps_bait_and_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    connects: list[object] = []
+    real_connect = socket.socket.connect
+
+    def spy(self: socket.socket, address: object) -> None:
+        connects.append(address)
+        real_connect(self, address)
+
+    # Resolving a bait name must never touch the network, let alone the address it maps to.
+    monkeypatch.setattr(socket.socket, "connect", spy)
+
     async def main() -> list[list[str]]:
         r = hostile_resolver({"extra.test": "192.168.1.1"})
         out = []
@@ -209,6 +220,7 @@ def test_hostile_resolver_maps_bait_and_loopback() -> None:
         ["127.0.0.1"],
         ["::1"],
     ]
+    assert connects == []
 
 
 # -- the bombs are what they claim ------------------------------------------------------------
