@@ -25,7 +25,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from multiprocessing.connection import Connection
@@ -427,8 +427,8 @@ class Parser:
                 elif isinstance(item, Link):
                     self._follow_page_link(result, item.url, page, depth, item.priority)
                 elif isinstance(item, Download):
-                    self._follow(
-                        result, item.url, page.base_url, depth, item.priority, DOWNLOAD
+                    self._follow_page_link(
+                        result, item.url, page, depth, item.priority, DOWNLOAD
                     )
                 else:
                     raise TypeError(
@@ -467,27 +467,43 @@ class Parser:
             _count(result.rejected, "sitemap_truncated")
 
     def _follow_page_link(
-        self, result: ParseResult, href: str, page: Page, depth: int, prio: int
+        self, result: ParseResult, href: str, page: Page, depth: int, prio: int, kind: str = PAGE
     ) -> None:
         """:meth:`_follow` for a link of ``page``: the same checks, done once per URL."""
         hk = page._checked_links.get(href)
-        if hk is not None:
-            u = href  # from page.links(): normalised and scope-checked already
+        if hk is not None:  # from page.links(): normalised and scope-checked already
+            self._accept(result, href, hk, depth, prio, kind)
         else:
-            try:
-                u = page.resolver.resolve(href)
-            except urls.InvalidURL:
-                _count(result.rejected, "invalid_url")
-                return
-            if not urls.in_scope(u, self.scope_hosts, self.scope):
-                _count(result.rejected, "out_of_scope")
-                return
-            hk = urls.host_key(u)
-        trap = self._check_url(u, depth)
+            self._follow_resolved(result, href, page.resolver.resolve, depth, prio, kind)
+
+    def _follow_resolved(
+        self,
+        result: ParseResult,
+        href: str,
+        resolve: Callable[[str], str],
+        depth: int,
+        prio: int,
+        kind: str,
+    ) -> None:
+        """The discovery path for every link: normalise, scope, trap checks (R9, R17)."""
+        try:
+            u = resolve(href)
+        except urls.InvalidURL:
+            _count(result.rejected, "invalid_url")
+            return
+        if not urls.in_scope(u, self.scope_hosts, self.scope):
+            _count(result.rejected, "out_of_scope")
+            return
+        self._accept(result, u, urls.host_key(u), depth, prio, kind)
+
+    def _accept(
+        self, result: ParseResult, url: str, hk: str, depth: int, prio: int, kind: str
+    ) -> None:
+        trap = self._check_url(url, depth)
         if trap is not None:
             _count(result.rejected, reason_class(trap))
             return
-        result.links.append(NewURL(u, hk, prio, depth))
+        result.links.append(NewURL(url, hk, prio, depth, kind=kind))
 
     def _check_url(self, url: str, depth: int) -> str | None:
         """``check_url(url, depth, limits)``, with the URL-only part cached by URL."""
@@ -513,20 +529,10 @@ class Parser:
         prio: int,
         kind: str = PAGE,
     ) -> None:
-        """The discovery path for every link: normalise, scope, trap checks (R9, R17)."""
-        try:
-            u = urls.normalise(href, base)
-        except urls.InvalidURL:
-            _count(result.rejected, "invalid_url")
-            return
-        if not urls.in_scope(u, self.scope_hosts, self.scope):
-            _count(result.rejected, "out_of_scope")
-            return
-        trap = check_url(u, depth, self.limits)
-        if trap is not None:
-            _count(result.rejected, reason_class(trap))
-            return
-        result.links.append(NewURL(u, urls.host_key(u), priority=prio, depth=depth, kind=kind))
+        """A link without a page to resolve it (redirect targets, sitemap entries)."""
+        self._follow_resolved(
+            result, href, lambda h: urls.normalise(h, base), depth, prio, kind
+        )
 
 
 def _canonical_hint(page: Page) -> str | None:
