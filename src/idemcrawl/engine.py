@@ -594,23 +594,8 @@ class Engine:
     async def _not_modified(self, lease: Lease, res: FetchResult) -> Completion:
         """A 304 (R13): no body to store or parse; the schedule lengthens; no index event."""
         if self._warc is not None:
-            await self._in_warc_thread(
-                partial(
-                    self._warc.write_revisit,
-                    url=lease.url,
-                    fetched_at=time.time() - res.elapsed,
-                    request_headers=res.request_headers,
-                    status=res.status,
-                    reason=res.reason,
-                    http_version=res.http_version,
-                    response_headers=res.raw_headers,
-                    profile="server-not-modified",
-                    refers_to=None,
-                    refers_to_uri=lease.url,
-                    refers_to_date=None,
-                    payload_digest=None,
-                    ip=res.ip,
-                )
+            await self._write_revisit(
+                self._warc, lease, res, "server-not-modified", None, lease.url, None
             )
         now = time.time()
         interval = self.recrawl.next_interval(
@@ -666,26 +651,10 @@ class Engine:
         if first is None and self._bodies.might_contain(body_digest):
             found = await self._db(self.frontier.find_bodies, [body_digest])
             first = found.get(body_digest)
-        fetched_at = time.time() - res.elapsed  # WARC-Date: when the request went out
         if first is not None:
             ref = WarcPointer(first[0], first[1], first[2], body_digest)
-            await self._in_warc_thread(
-                partial(
-                    store.write_revisit,
-                    url=lease.url,
-                    fetched_at=fetched_at,
-                    request_headers=res.request_headers,
-                    status=res.status,
-                    reason=res.reason,
-                    http_version=res.http_version,
-                    response_headers=res.raw_headers,
-                    profile="identical-payload-digest",
-                    refers_to=ref,
-                    refers_to_uri=first[3],
-                    refers_to_date=None,
-                    payload_digest=body_digest,
-                    ip=res.ip,
-                )
+            await self._write_revisit(
+                store, lease, res, "identical-payload-digest", ref, first[3], body_digest
             )
             # The URL points at the full copy, so reparse and readers get the body.
             return Archived(ref.file, ref.offset, ref.length, body_digest, stored=False)
@@ -702,7 +671,7 @@ class Engine:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._body_writes[body_digest] = done
         try:
-            ptr = await self._write_exchange(store, lease, res, fetched_at, metadata)
+            ptr = await self._write_exchange(store, lease, res, metadata)
         finally:
             del self._body_writes[body_digest]
             done.set_result(None)
@@ -712,19 +681,44 @@ class Engine:
             self._recent_bodies.popitem(last=False)
         return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
 
-    async def _write_exchange(
+    async def _write_revisit(
         self,
         store: WarcStore,
         lease: Lease,
         res: FetchResult,
-        fetched_at: float,
-        metadata: dict[str, Any],
+        profile: str,
+        refers_to: WarcPointer | None,
+        refers_to_uri: str | None,
+        digest: str | None,
+    ) -> WarcPointer:
+        """A revisit record (a 304, or a body identical to one already archived)."""
+        return await self._in_warc_thread(
+            partial(
+                store.write_revisit,
+                url=lease.url,
+                fetched_at=time.time() - res.elapsed,  # WARC-Date: when the request went out
+                request_headers=res.request_headers,
+                status=res.status,
+                reason=res.reason,
+                http_version=res.http_version,
+                response_headers=res.raw_headers,
+                profile=profile,
+                refers_to=refers_to,
+                refers_to_uri=refers_to_uri,
+                refers_to_date=None,
+                payload_digest=digest,
+                ip=res.ip,
+            )
+        )
+
+    async def _write_exchange(
+        self, store: WarcStore, lease: Lease, res: FetchResult, metadata: dict[str, Any]
     ) -> WarcPointer:
         return await self._in_warc_thread(
             partial(
                 store.write_exchange,
                 url=lease.url,
-                fetched_at=fetched_at,
+                fetched_at=time.time() - res.elapsed,
                 request_headers=res.request_headers,
                 status=res.status,
                 reason=res.reason,
