@@ -603,6 +603,26 @@ def status_class(status: int | None) -> str | None:
     return f"{min(max(status // 100, 1), 5)}xx"
 
 
+CONTROL_ACTIONS = ("pause", "resume", "block", "unblock", "set-delay", "set-budget")
+
+
+def control_value(action: str, host_key: str | None, value: Any) -> Any:
+    """Check a live-control request before any backend touches its database; the value to
+    store (delay seconds, budget) or None. Both backends call it, so they refuse alike."""
+    if action not in CONTROL_ACTIONS:
+        raise ValueError(f"unknown control action {action!r}")
+    if host_key is None and action not in ("pause", "resume"):
+        raise ValueError(f"control {action} needs a host")
+    if action == "set-delay":
+        delay = float(value)
+        if not delay >= 0:
+            raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
+        return delay
+    if action == "set-budget":
+        return None if value is None else int(value)
+    return None
+
+
 def redirect_loop(
     url: str, target: str | None, target_of: Callable[[str], str | None], limit: int = 32
 ) -> bool:

@@ -84,6 +84,7 @@ from .base import (
     Reparsed,
     StaleEpoch,
     completion_counters,
+    control_value,
     done_values,
     event_values,
     redirect_loop,
@@ -1710,11 +1711,11 @@ class PostgresFrontier:
         return self._run(tx_errors, write=False)
 
     def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
+        stored = control_value(action, host_key, value)
+
         def tx_control(tx: _Tx) -> int:
             cur = tx.cur
             if host_key is None:
-                if action not in ("pause", "resume"):
-                    raise ValueError(f"control {action} needs a host")
                 cur.execute(
                     "INSERT INTO meta (key, value) VALUES ('paused', %s) "
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -1755,17 +1756,12 @@ class PostgresFrontier:
                 )
                 tx.bump("urls_deferred", max(cur.rowcount, 0))
             elif action == "set-delay":
-                delay = float(value)
-                if not delay >= 0:
-                    raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
-                cur.execute("UPDATE hosts SET delay = %s WHERE host_key = %s", (delay, host_key))
+                cur.execute("UPDATE hosts SET delay = %s WHERE host_key = %s", (stored, host_key))
             elif action == "set-budget":
                 cur.execute(
                     "UPDATE hosts SET budget = %s WHERE host_key = %s",
-                    (None if value is None else int(value), host_key),
+                    (stored, host_key),
                 )
-            else:
-                raise ValueError(f"unknown control action {action!r}")
             return 1
 
         return self._run(tx_control)

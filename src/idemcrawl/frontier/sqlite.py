@@ -58,6 +58,7 @@ from .base import (
     Reparsed,
     StaleEpoch,
     completion_counters,
+    control_value,
     done_values,
     event_values,
     redirect_loop,
@@ -1404,9 +1405,8 @@ def _control(
     bump: Any,
 ) -> int:
     """The live-control actions; every running process sees them at its next lease."""
+    value = control_value(action, host_key, value)
     if host_key is None:
-        if action not in ("pause", "resume"):
-            raise ValueError(f"control {action} needs a host")
         db.execute(
             "INSERT INTO meta(key, value) VALUES ('paused', ?) "
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -1444,18 +1444,15 @@ def _control(
         bump(db, "urls_deferred", n)
         return 1
     if action == "set-delay":
-        delay = float(value)
-        if not delay >= 0:
-            raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
         return db.execute(
-            "UPDATE hosts SET delay = ? WHERE host_key = ?", (delay, host_key)
+            "UPDATE hosts SET delay = ? WHERE host_key = ?", (value, host_key)
         ).rowcount
     if action == "set-budget":
         return db.execute(
             "UPDATE hosts SET budget = ? WHERE host_key = ?",
-            (None if value is None else int(value), host_key),
+            (value, host_key),
         ).rowcount
-    raise ValueError(f"unknown control action {action!r}")
+    raise AssertionError(action)  # control_value admits only the actions above
 
 
 def _split_sql(script: str) -> list[str]:
