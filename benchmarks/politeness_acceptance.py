@@ -24,8 +24,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from idemcrawl.politeness_check import Allowance, check_log, summarize
-from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
+from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
+from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 
 def crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[bytes]:

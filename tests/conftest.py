@@ -9,10 +9,10 @@ import pytest
 
 from idemcrawl.config import CrawlConfig
 from idemcrawl.fetch import parse_allow_list
-from idemcrawl.testsite import ShopConfig, ShopServer
+from idemcrawl.lab.testsite import ShopConfig, ShopServer
 
 LOOPBACK = parse_allow_list(["127.0.0.1"])
-SHOP_SPIDER = "idemcrawl.testsite.shop_spider:ShopSpider"
+SHOP_SPIDER = "idemcrawl.lab.testsite.shop_spider:ShopSpider"
 
 
 @pytest.fixture

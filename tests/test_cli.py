@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from idemcrawl.cli import COMMANDS, main
-from idemcrawl.testsite import ShopServer, expected_products
+from idemcrawl.lab.testsite import ShopServer, expected_products
 
 from .conftest import SHOP_SPIDER
 

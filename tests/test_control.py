@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
+from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def test_pause_resume_and_set_delay_across_three_processes(tmp_path: Path) -> No
             "--db",
             db,
             "--spider",
-            "idemcrawl.testsite.page_spider:PageSpider",
+            "idemcrawl.lab.testsite.page_spider:PageSpider",
             "--delay",
             "0.05",
             "--host-concurrency",

@@ -11,7 +11,7 @@ import pytest
 
 from idemcrawl.engine import run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
-from idemcrawl.testsite import ShopConfig, ShopServer, expected_products
+from idemcrawl.lab.testsite import ShopConfig, ShopServer, expected_products
 
 from .conftest import crawl_config
 

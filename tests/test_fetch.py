@@ -37,7 +37,7 @@ from idemcrawl.fetch import (
     parse_allow_list,
     retry_after_seconds,
 )
-from idemcrawl.testsite.hostile import bomb_blob
+from idemcrawl.lab.testsite.hostile import bomb_blob
 
 T = TypeVar("T")
 

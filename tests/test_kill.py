@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from idemcrawl.chaos import idem_crawl_command
-from idemcrawl.testsite import ShopConfig, ShopServer, expected_products
+from idemcrawl.lab.chaos import idem_crawl_command
+from idemcrawl.lab.testsite import ShopConfig, ShopServer, expected_products
 
 
 def _crawl_cmd(seed: str, db: Path, concurrency: int) -> list[str]:

@@ -18,6 +18,8 @@ from idemcrawl.cli import status_dict
 from idemcrawl.engine import run_crawl
 from idemcrawl.frontier import SQLiteFrontier, open_frontier
 from idemcrawl.frontier.base import FrontierStats
+from idemcrawl.lab.testsite import ShopConfig, ShopServer
+from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 from idemcrawl.metrics import (
     ELIGIBILITY_BUCKETS,
     METRICS,
@@ -30,8 +32,6 @@ from idemcrawl.metrics import (
     markdown_table,
     start_metrics_server,
 )
-from idemcrawl.testsite import ShopConfig, ShopServer
-from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
 
 from .conftest import crawl_config
 
@@ -54,7 +54,7 @@ def crawl_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 db,
                 site.seed_urls[0],
                 seeds=tuple(site.seed_urls),
-                spider="idemcrawl.testsite.page_spider:PageSpider",
+                spider="idemcrawl.lab.testsite.page_spider:PageSpider",
                 host_concurrency=1,
                 delay=0.0,
                 retry_base=0.05,  # keep the retries of /always500 and the back-offs short

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 from idemcrawl.metrics import METRICS
-from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_live_progress_and_metrics_during_a_crawl(tmp_path: Path) -> None:
                 "--db",
                 str(tmp_path / "c.db"),
                 "--spider",
-                "idemcrawl.testsite.page_spider:PageSpider",
+                "idemcrawl.lab.testsite.page_spider:PageSpider",
                 "--delay",
                 "0.05",
                 "--allow-private",

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from idemcrawl.engine import run_crawl
-from idemcrawl.politeness_check import Allowance, check_log, summarize
-from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
+from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
+from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 from .conftest import crawl_config
 

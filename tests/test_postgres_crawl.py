@@ -11,8 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
-from idemcrawl.politeness_check import Allowance, check_log, summarize
-from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
+from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
+from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 from .frontier.conftest import PG_DSN, require_postgres
 
@@ -29,7 +29,7 @@ def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[bytes]:
         "--config",
         str(cfg),
         "--spider",
-        "idemcrawl.testsite.page_spider:PageSpider",
+        "idemcrawl.lab.testsite.page_spider:PageSpider",
         "--warc-dir",
         str(cfg.parent / "warc"),
         "--quiet",

@@ -14,7 +14,7 @@ from pathlib import Path
 from idemcrawl import Spider
 from idemcrawl.engine import Engine, run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
-from idemcrawl.testsite.hostile import CHAIN_HOPS, HostileSite
+from idemcrawl.lab.testsite.hostile import CHAIN_HOPS, HostileSite
 from idemcrawl.warc import verify_directory
 
 from .conftest import crawl_config
@@ -110,7 +110,7 @@ import json, sys
 from idemcrawl.config import CrawlConfig
 from idemcrawl.engine import run_crawl
 from idemcrawl.fetch import parse_allow_list
-from idemcrawl.testsite.hostile import hostile_resolver
+from idemcrawl.lab.testsite.hostile import hostile_resolver
 cfg = CrawlConfig(
     db=sys.argv[1], seeds=(sys.argv[2],), concurrency=8, host_concurrency=4, delay=0.0,
     allow_private=parse_allow_list(["127.0.0.1"]), parse_workers=1, total_timeout=3.0,

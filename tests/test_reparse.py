@@ -11,10 +11,10 @@ from pathlib import Path
 from idemcrawl import Record, Spider
 from idemcrawl.engine import run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.lab.testsite import ShopServer
+from idemcrawl.lab.testsite.shop import expected_products
+from idemcrawl.lab.testsite.shop_spider import ShopSpider
 from idemcrawl.reparse import reparse
-from idemcrawl.testsite import ShopServer
-from idemcrawl.testsite.shop import expected_products
-from idemcrawl.testsite.shop_spider import ShopSpider
 
 from .conftest import crawl_config
 

@@ -24,9 +24,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from idemcrawl.cli import status_dict
 from idemcrawl.engine import CrawlSummary, run_crawl
 from idemcrawl.frontier import FrontierError, SQLiteFrontier
+from idemcrawl.lab.testsite import ShopConfig, ShopServer
+from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 from idemcrawl.serve import PAGE, make_app, read_dashboard, serve
-from idemcrawl.testsite import ShopConfig, ShopServer
-from idemcrawl.testsite.multihost import HostSpec, MultiHostServer
 
 from .conftest import crawl_config
 from .frontier.conftest import in_ci
@@ -285,7 +285,7 @@ def test_dashboard_in_headless_chromium_matches_status(
             db,
             site.seed_urls[0],
             seeds=tuple(site.seed_urls),
-            spider="idemcrawl.testsite.page_spider:PageSpider",
+            spider="idemcrawl.lab.testsite.page_spider:PageSpider",
             host_concurrency=1,
             delay=0.25,  # ~5 s per host: the page is opened while the crawl runs
             retry_base=0.2,

@@ -25,7 +25,7 @@ from idemcrawl.fetch import (
     guarded_socket_factory,
     parse_allow_list,
 )
-from idemcrawl.testsite.hostile import HOSTILE_NAMES, HostileSite, hostile_resolver
+from idemcrawl.lab.testsite.hostile import HOSTILE_NAMES, HostileSite, hostile_resolver
 
 from .test_fetch import LOOPBACK_ONLY, ConnectSpy, FakeResolver, LoopbackServer, fetcher, run
 

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from idemcrawl.engine import run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
-from idemcrawl.testsite.traps import PRODUCTS, TrapSite, product_price
+from idemcrawl.lab.testsite.traps import PRODUCTS, TrapSite, product_price
 
 from .conftest import crawl_config
 
@@ -49,7 +49,7 @@ def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_pa
         crawl_config(
             db,
             f"{base}/",
-            spider="idemcrawl.testsite.trap_spider:TrapShopSpider",
+            spider="idemcrawl.lab.testsite.trap_spider:TrapShopSpider",
             concurrency=8,
             host_concurrency=8,
             template_growth_limit=40,

@@ -898,24 +898,24 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 def cmd_testsite(a: argparse.Namespace) -> int:
     if a.site == "hostile":
-        from .testsite.hostile import serve_forever
+        from .lab.testsite.hostile import serve_forever
 
         serve_forever(a.host, a.port)
         return 0
     if a.site == "traps":
         from aiohttp import web
 
-        from .testsite.traps import TrapSite
+        from .lab.testsite.traps import TrapSite
 
         print(f"serving trap site at http://{a.host}:{a.port}/", flush=True)
         web.run_app(TrapSite().app(), host=a.host, port=a.port, print=None)
         return 0
     if a.site == "politeness":
-        from .testsite.multihost import default_hosts, serve_multihost
+        from .lab.testsite.multihost import default_hosts, serve_multihost
 
         serve_multihost(default_hosts(), a.host)
         return 0
-    from .testsite import ShopConfig, serve_forever
+    from .lab.testsite import ShopConfig, serve_forever
 
     serve_forever(a.host, a.port, ShopConfig(a.listings, a.per_page, a.latency_ms))
     return 0
@@ -923,7 +923,7 @@ def cmd_testsite(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     from .engine import run_crawl
-    from .testsite import ShopConfig, ShopServer, expected_products
+    from .lab.testsite import ShopConfig, ShopServer, expected_products
 
     shop = ShopConfig(a.listings, a.per_page)
     server = ShopServer(shop, port=a.port)
@@ -937,7 +937,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
             CrawlConfig(
                 db=a.db,
                 seeds=(server.seed_url,),
-                spider="idemcrawl.testsite.shop_spider:ShopSpider",
+                spider="idemcrawl.lab.testsite.shop_spider:ShopSpider",
                 concurrency=8,
                 host_concurrency=4,
                 delay=0.0,
@@ -964,7 +964,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_chaos(a: argparse.Namespace) -> int:
-    from .chaos import ChaosOptions, run_chaos
+    from .lab.chaos import ChaosOptions, run_chaos
 
     if a.min_s > a.max_s:
         raise UsageError("--min must not exceed --max")
@@ -991,7 +991,7 @@ def cmd_chaos(a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     if a.bench_command == "frontier":
-        from .bench.frontier import FrontierBenchOptions, run_frontier_bench
+        from .lab.bench.frontier import FrontierBenchOptions, run_frontier_bench
 
         opts = FrontierBenchOptions(
             db=a.db, hosts=a.hosts, urls_per_host=a.urls_per_host, completions=a.completions
@@ -1003,7 +1003,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(json.dumps(report.as_dict()) if a.json else report.text())
         return 0
     if a.bench_command == "discovery":
-        from .bench.discovery import run_discovery_bench
+        from .lab.bench.discovery import run_discovery_bench
 
         if not 0 <= a.repeats < 1:
             raise UsageError("--repeats must be in [0, 1)")
@@ -1044,7 +1044,7 @@ COMMANDS = {
 
 
 def cmd_sim(argv: Sequence[str]) -> int:
-    from .sim import main as sim_main
+    from .lab.sim import main as sim_main
 
     return sim_main(argv)
 
@@ -1052,7 +1052,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["bench", "crawl"]:  # the crawl benchmark owns its options too
-        from .bench.crawl import main as bench_crawl_main
+        from .lab.bench.crawl import main as bench_crawl_main
 
         return bench_crawl_main(argv[2:])
     if argv[:1] == ["sim"]:  # the simulator owns its (many) options

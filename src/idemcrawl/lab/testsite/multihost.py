@@ -9,10 +9,10 @@ Each host is described by a :class:`HostSpec`: a ring of pages ``/p/0 .. /p/{pag
 ``/private/{n}`` page per page (disallowed by the ``"rules"`` robots.txt, so fetching it is
 a visible violation), a robots.txt behaviour chosen from :data:`ROBOTS_MODES`, and optional
 rate-limit / error pages.  Every host is served from ONE background event loop (the
-:class:`~idemcrawl.testsite.shop.ShopServer` pattern) so a single request log with one clock
+:class:`~idemcrawl.lab.testsite.shop.ShopServer` pattern) so a single request log with one clock
 covers them all, and a hanging handler on one host cannot delay another.
 
-The request log is what :mod:`idemcrawl.politeness_check` judges.  Politeness can only be
+The request log is what :mod:`idemcrawl.lab.politeness_check` judges.  Politeness can only be
 observed from the server side, so every request (errors included) is logged with the
 ``time.monotonic`` instant it arrived and the instant its response was fully written.  The
 log is readable in-process (:meth:`MultiHostServer.request_log`) and, for a crawler running

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..parse import Page, Record, Spider
+from idemcrawl.parse import Page, Record, Spider
 
 
 class PageSpider(Spider):

@@ -32,7 +32,7 @@ from typing import Any
 
 from .testsite import ShopConfig, ShopServer, expected_products
 
-SPIDER = "idemcrawl.testsite.shop_spider:ShopSpider"
+SPIDER = "idemcrawl.lab.testsite.shop_spider:ShopSpider"
 NAIVE_LATENCY_MS = 25.0
 
 
@@ -237,7 +237,7 @@ def idem_crawl_command(seed_url: str, db: str, concurrency: int) -> list[str]:
 
 
 def _naive_cmd(seed_url: str, db: str) -> list[str]:
-    return [sys.executable, "-m", "idemcrawl.naive", seed_url, db]
+    return [sys.executable, "-m", "idemcrawl.lab.naive", seed_url, db]
 
 
 def _one_run(
@@ -356,7 +356,7 @@ def _score(res: RunResult, crawler: str, db: str, shop: ShopConfig) -> None:
 def _check_archive(res: RunResult, directory: str, pointers: list[tuple[Any, ...]]) -> None:
     """Every WARC file reads end to end (both libraries); every URL's pointer leads to a
     response whose payload digest matches the one stored with the URL."""
-    from .warc import WarcError, WarcPointer, read_response, verify_directory
+    from idemcrawl.warc import WarcError, WarcPointer, read_response, verify_directory
 
     if res.events != res.completed_versions:
         res.problems.append(

@@ -44,8 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import politeness_check
-from .frontier.base import (
+from idemcrawl.frontier.base import (
     PAGE,
     ROBOTS,
     Completion,
@@ -56,9 +55,11 @@ from .frontier.base import (
     RecordWrite,
     RobotsFetch,
 )
-from .frontier.sqlite import SQLiteFrontier
-from .politeness import allowance
-from .robots import RobotsCache, RobotsSettings
+from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.politeness import allowance
+from idemcrawl.robots import RobotsCache, RobotsSettings
+
+from . import politeness_check
 
 __all__ = [
     "HOST_CLASSES",

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import idemcrawl.frontier.sqlite as sqlite_frontier
-from idemcrawl import politeness_check
-from idemcrawl.sim import SimOptions, SimReport, compare_hot_host, main, run_sim
+from idemcrawl.lab import politeness_check
+from idemcrawl.lab.sim import SimOptions, SimReport, compare_hot_host, main, run_sim
 
 #: Every fault far more often than by default, and robots.txt answers of every kind.
 FAULTY = dict(

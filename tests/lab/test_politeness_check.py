@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from idemcrawl.politeness_check import Allowance, Violation, check_log, summarize
+from idemcrawl.lab.politeness_check import Allowance, Violation, check_log, summarize
 
 A = "http://127.0.0.1:1001"
 B = "http://127.0.0.1:1002"

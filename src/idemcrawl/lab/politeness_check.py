@@ -2,7 +2,7 @@
 
 A crawler's own account of its politeness is exactly what is under test, so this checker
 only looks at what the servers saw: the log of
-:class:`~idemcrawl.testsite.multihost.MultiHostServer` (or ``GET /__log``), whose entries
+:class:`~idemcrawl.lab.testsite.multihost.MultiHostServer` (or ``GET /__log``), whose entries
 are ``{"host", "path", "start", "end", "status"}`` with ``time.monotonic`` seconds.
 
 Rules, per host:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from idemcrawl.naive import run_naive
-from idemcrawl.testsite import ShopConfig, ShopServer, expected_products
+from idemcrawl.lab.naive import run_naive
+from idemcrawl.lab.testsite import ShopConfig, ShopServer, expected_products
 
 CFG = ShopConfig(listings=3, per_page=4)
 _PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
@@ -76,7 +76,7 @@ def test_second_run_duplicates_every_row(shop: ShopServer, tmp_path: Path) -> No
 def test_runs_as_module_subprocess(shop: ShopServer, tmp_path: Path) -> None:
     db = tmp_path / "naive.db"
     proc = subprocess.run(
-        [sys.executable, "-m", "idemcrawl.naive", shop.seed_url, str(db)],
+        [sys.executable, "-m", "idemcrawl.lab.naive", shop.seed_url, str(db)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -87,7 +87,7 @@ def test_runs_as_module_subprocess(shop: ShopServer, tmp_path: Path) -> None:
 
 def test_usage_error_without_arguments() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "idemcrawl.naive"], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "idemcrawl.lab.naive"], capture_output=True, text=True, timeout=30
     )
     assert proc.returncode == 2
     assert "usage" in proc.stderr

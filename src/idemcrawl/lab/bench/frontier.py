@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..frontier import open_frontier
-from ..frontier.base import Completion, Frontier, HostPolicy, NewURL, RecordWrite
+from idemcrawl.frontier import open_frontier
+from idemcrawl.frontier.base import Completion, Frontier, HostPolicy, NewURL, RecordWrite
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ _cleanups: list[Callable[[], None]] = []
 
 
 def _drop(dsn: str, schema: str) -> None:
-    from ..frontier.postgres import PostgresFrontier
+    from idemcrawl.frontier.postgres import PostgresFrontier
 
     pg = PostgresFrontier(dsn, schema=schema)
     pg.drop_schema()
@@ -93,7 +93,7 @@ def _open(db: str, tmp: str) -> tuple[Frontier, str, Callable[[], int]]:
 
         return frontier, "sqlite", size
     if db.startswith(("postgresql://", "postgres://")):
-        from ..frontier.postgres import PostgresFrontier
+        from idemcrawl.frontier.postgres import PostgresFrontier
 
         schema = "bench_" + uuid.uuid4().hex[:10]
         pg = PostgresFrontier(db, schema=schema)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from idemcrawl.testsite.multihost import (
+from idemcrawl.lab.testsite.multihost import (
     NO_RESPONSE,
     HostSpec,
     MultiHostServer,
@@ -362,7 +362,7 @@ def _read_lines(proc: subprocess.Popen[str], n: int, timeout: float) -> list[str
 def test_serve_multihost_prints_hosts_and_exits_cleanly_on_sigterm() -> None:
     assert callable(serve_multihost)
     code = (
-        "from idemcrawl.testsite.multihost import HostSpec, serve_multihost; "
+        "from idemcrawl.lab.testsite.multihost import HostSpec, serve_multihost; "
         "serve_multihost([HostSpec('a', pages=3), HostSpec('d', robots='error')])"
     )
     proc = subprocess.Popen(

@@ -20,9 +20,9 @@ import pytest
 from selectolax.lexbor import LexborHTMLParser
 
 from idemcrawl import url as urls
-from idemcrawl.bench import crawl as bench
-from idemcrawl.bench.crawl import BenchOptions, BenchReport, BenchSpider, measure, run_bench
-from idemcrawl.bench.site import (
+from idemcrawl.lab.bench import crawl as bench
+from idemcrawl.lab.bench.crawl import BenchOptions, BenchReport, BenchSpider, measure, run_bench
+from idemcrawl.lab.bench.site import (
     OUT_OF_SCOPE_URL,
     SiteSpec,
     StaticSite,
@@ -34,7 +34,7 @@ from idemcrawl.bench.site import (
 )
 from idemcrawl.parse import Page, Record
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 SERVERS = [
     "aiohttp",
     pytest.param(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..parse import Link, Page, Record, Spider
+from idemcrawl.parse import Link, Page, Record, Spider
 
 
 class ShopSpider(Spider):

@@ -1,6 +1,6 @@
 """Built-in test site: a deterministic shop to crawl, count and verify against."""
 
-from idemcrawl.testsite.shop import (
+from idemcrawl.lab.testsite.shop import (
     ShopConfig,
     ShopServer,
     expected_products,

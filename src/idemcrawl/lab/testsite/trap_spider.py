@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..parse import Download, Page, Record, Spider
+from idemcrawl.parse import Download, Page, Record, Spider
 
 
 class TrapShopSpider(Spider):

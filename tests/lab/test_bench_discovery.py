@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from idemcrawl.bench.discovery import run_discovery_bench
+from idemcrawl.lab.bench.discovery import run_discovery_bench
 
 
 def test_discovery_bench_counts() -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from idemcrawl.testsite import (
+from idemcrawl.lab.testsite import (
     ShopConfig,
     ShopServer,
     expected_products,
@@ -255,7 +255,7 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 def test_serve_forever_prints_bound_url_and_exits_cleanly(sig: signal.Signals) -> None:
     assert callable(serve_forever)
     code = (
-        "from idemcrawl.testsite import ShopConfig, serve_forever; "
+        "from idemcrawl.lab.testsite import ShopConfig, serve_forever; "
         "serve_forever('127.0.0.1', 0, ShopConfig(listings=2, per_page=3))"
     )
     proc = subprocess.Popen(

@@ -27,7 +27,7 @@ import pytest
 import zstandard
 
 from idemcrawl.fetch import Fetcher, FetchError, FetchResult, FetchSettings, parse_allow_list
-from idemcrawl.testsite.hostile import (
+from idemcrawl.lab.testsite.hostile import (
     CHAIN_HOPS,
     HostileSite,
     bomb_blob,
@@ -371,7 +371,8 @@ def test_serve_forever_prints_url_and_stops_cleanly() -> None:
         [
             sys.executable,
             "-c",
-            "from idemcrawl.testsite.hostile import serve_forever; serve_forever('127.0.0.1', 0)",
+            "from idemcrawl.lab.testsite.hostile import serve_forever; "
+            "serve_forever('127.0.0.1', 0)",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -13,7 +13,7 @@ cannot be accused of being slow or fragile because of a library.  It commits aft
 insert, as a typical hand-written scraper does, so a SIGKILL loses at most the page in
 progress and every duplicate it makes is durable and countable.
 
-Run as ``python -m idemcrawl.naive START_URL DB_PATH``.
+Run as ``python -m idemcrawl.lab.naive START_URL DB_PATH``.
 """
 
 from __future__ import annotations
@@ -139,10 +139,10 @@ def run_naive(start_url: str, db_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m idemcrawl.naive START_URL DB_PATH``."""
+    """Entry point for ``python -m idemcrawl.lab.naive START_URL DB_PATH``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m idemcrawl.naive START_URL DB_PATH", file=sys.stderr)
+        print("usage: python -m idemcrawl.lab.naive START_URL DB_PATH", file=sys.stderr)
         return 2
     run_naive(args[0], args[1])
     return 0

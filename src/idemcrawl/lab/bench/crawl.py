@@ -1,6 +1,6 @@
 """``idemcrawl bench crawl``: crawl throughput side by side with Scrapy and a bare crawler.
 
-Every tool crawls the same generated site (:mod:`idemcrawl.bench.site`) as a separate
+Every tool crawls the same generated site (:mod:`idemcrawl.lab.bench.site`) as a separate
 subprocess, in interleaved rounds (A B C, A B C, ...) so that a machine that slows down or warms
 up over the benchmark affects every tool alike. What is reported comes from outside the tools:
 
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..parse import Page, Record, Spider
+from idemcrawl.parse import Page, Record, Spider
 
 __all__ = [
     "COMPARATORS",
@@ -563,7 +563,7 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
     launcher = [
         sys.executable,
         "-c",
-        "import sys; from idemcrawl.bench.crawl import _launch_main; "
+        "import sys; from idemcrawl.lab.bench.crawl import _launch_main; "
         "sys.exit(_launch_main(sys.argv[1:]))",
         str(out_json),
         str(timeout),
@@ -622,7 +622,7 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
 def crawl_source_files() -> list[Path]:
     """The idemcrawl modules a ``crawl`` process loads: the CLI, the engine and their imports.
 
-    ``bench/`` is left out (the benchmark's own code), and so is everything a crawl does not
+    ``lab/`` is left out (the benchmark's own code), and so is everything a crawl does not
     import (the simulator, the test sites), so that a change there does not make the rounds of
     a report look incomparable. Call once per benchmark: ``sys.modules`` only grows.
     """
@@ -632,7 +632,7 @@ def crawl_source_files() -> list[Path]:
     for name, module in list(sys.modules.items()):
         if name != "idemcrawl" and not name.startswith("idemcrawl."):
             continue
-        if name.startswith("idemcrawl.bench"):
+        if name.startswith("idemcrawl.lab"):
             continue
         path = getattr(module, "__file__", None)
         if path:
@@ -686,7 +686,7 @@ def benchmarks_dir(opts: BenchOptions) -> Path:
     candidates = [
         opts.benchmarks_dir,
         os.environ.get("IDEMCRAWL_BENCHMARKS_DIR"),
-        Path(__file__).resolve().parents[3] / "benchmarks",  # src/idemcrawl/bench/crawl.py
+        Path(__file__).resolve().parents[4] / "benchmarks",  # src/idemcrawl/lab/bench/crawl.py
         Path.cwd() / "benchmarks",
     ]
     found = [Path(c) for c in candidates if c]
@@ -720,8 +720,8 @@ def _with_schema(dsn: str, schema: str) -> str:
 
 def _drop_schema(db: str) -> None:
     """Remove a run's PostgreSQL schema; a failure is reported, not fatal."""
-    from ..frontier import split_schema
-    from ..frontier.postgres import PostgresFrontier
+    from idemcrawl.frontier import split_schema
+    from idemcrawl.frontier.postgres import PostgresFrontier
 
     dsn, schema = split_schema(db)
     pg = PostgresFrontier(dsn, schema=schema)
@@ -749,7 +749,7 @@ def tool_command(
         return [
             sys.executable, "-m", "idemcrawl", "crawl", *seeds,
             "--db", db,
-            "--spider", "idemcrawl.bench.crawl:BenchSpider",
+            "--spider", "idemcrawl.lab.bench.crawl:BenchSpider",
             "--concurrency", str(CONCURRENCY),
             "--host-concurrency", str(HOST_CONCURRENCY),
             "--delay", "0",
@@ -806,7 +806,7 @@ def _git_commit() -> str | None:
     Read-only: ``GIT_OPTIONAL_LOCKS=0`` keeps ``git diff`` from refreshing the index. Without
     the "modified" note a report would pin code that was not what ran.
     """
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[4]
     if not (repo / ".git").exists():
         return None
 
@@ -823,7 +823,7 @@ def _git_commit() -> str | None:
         head = git("rev-parse", "--short", "HEAD")
         if head.returncode != 0:
             return None
-        dirty = git("diff", "--quiet", "HEAD", "--", "src/idemcrawl", ":!src/idemcrawl/bench")
+        dirty = git("diff", "--quiet", "HEAD", "--", "src/idemcrawl", ":!src/idemcrawl/lab")
         note = " (idemcrawl sources modified)" if dirty.returncode == 1 else ""
         return head.stdout.strip() + note
     return None
@@ -991,7 +991,7 @@ def cmd_bench_crawl(a: argparse.Namespace, argv: Sequence[str] | None = None) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m idemcrawl.bench.crawl [flags]``, the same as ``idemcrawl bench crawl``."""
+    """``python -m idemcrawl.lab.bench.crawl [flags]``, the same as ``idemcrawl bench crawl``."""
     args = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(
         prog="idemcrawl bench crawl",

@@ -443,7 +443,7 @@ class StaticSite:
             cmd = [binary, "-p", str(root), "-c", str(conf), "-e", str(root / "error.log")]
             cmd += ["-g", "daemon off;"]
         else:
-            cmd = [sys.executable, "-m", "idemcrawl.bench.site", "serve", str(root / "www")]
+            cmd = [sys.executable, "-m", "idemcrawl.lab.bench.site", "serve", str(root / "www")]
             cmd += [str(log), ",".join(map(str, self.ports))]
         with open(errlog, "wb") as err:
             proc = subprocess.Popen(
@@ -590,7 +590,7 @@ async def _serve(www: Path, log_path: Path, ports: list[int]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``serve WWW LOG PORTS`` (the fallback server) or ``run`` (serve a site until Ctrl-C)."""
-    ap = argparse.ArgumentParser(prog="python -m idemcrawl.bench.site")
+    ap = argparse.ArgumentParser(prog="python -m idemcrawl.lab.bench.site")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="internal: the fallback server process")
     s.add_argument("www", type=Path)

@@ -17,11 +17,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import url as urls
-from ..discovery import DiscoveryGate
-from ..frontier.base import PAGE, QUEUED, REJECTED, NewURL
-from ..frontier.sqlite import SQLiteFrontier
-from ..traps import TrapLimits, check_url
+from idemcrawl import url as urls
+from idemcrawl.discovery import DiscoveryGate
+from idemcrawl.frontier.base import PAGE, QUEUED, REJECTED, NewURL
+from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.traps import TrapLimits, check_url
 
 
 @dataclass

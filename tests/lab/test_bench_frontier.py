@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from idemcrawl.bench.frontier import FrontierBenchOptions, run_frontier_bench
+from idemcrawl.lab.bench.frontier import FrontierBenchOptions, run_frontier_bench
 
 
 def test_frontier_bench_counts_and_sizes() -> None:
