@@ -38,6 +38,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 from . import url as urls
 from .dedup import page_simhash
 from .frontier.base import DOWNLOAD, PAGE, SITEMAP, NewURL, RecordWrite, canonical_json
+from .html_text import reader_text
 from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
 
@@ -76,8 +77,17 @@ class Node:
     def __init__(self, node: LexborNode) -> None:
         self._node = node
 
-    def text(self, strip: bool = True) -> str:
-        return self._node.text(strip=strip)
+    def text(self, strip: bool = True, *, raw: bool = False) -> str:
+        """The element's text as a reader sees it (``idemcrawl.html_text``).
+
+        ``<p>Hello <b>world</b></p>`` gives ``Hello world``; ``<li>a</li><li>b</li>`` gives
+        ``a b``; whitespace runs collapse to one space. ``strip=False`` keeps one space at an
+        end that had whitespace. ``raw=True`` gives the character data exactly as written in
+        the document, concatenated (no collapsing, scripts included).
+        """
+        if raw:
+            return self._node.text(deep=True, separator="", strip=False)
+        return reader_text(self._node, strip=strip)
 
     @property
     def attrs(self) -> dict[str, str | None]:
