@@ -2,8 +2,11 @@
 
 Every export streams: rows come from the frontier's keyset-paged iterators and go out as they
 arrive (Parquet in row groups of ``row_group_rows``), so memory stays bounded however large the
-crawl. Aggregates are recomputed by the frontier with GROUP BY over the stored rows at export
-time; nothing keeps running totals that a crash or a duplicate fetch could skew.
+crawl. Records are flat in CSV and Parquet: one column per top-level field of the records' data
+(a first pass over the records finds the fields and their Parquet types), nested values as JSON
+text; JSONL keeps each record's ``data`` as one object. Aggregates are recomputed by the
+frontier with GROUP BY over the stored rows at export time; nothing keeps running totals that a
+crash or a duplicate fetch could skew.
 
 A file export is written to a temporary name next to the target and renamed into place only
 when complete, so a failed or interrupted export never leaves a truncated file under the real
@@ -123,6 +126,83 @@ def _human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+#: The record columns that are not data fields, in order, for flat (CSV, Parquet) exports.
+RECORD_META = tuple(c for c in COLUMNS["records"] if c[0] != "data")
+
+
+def record_fields(db: Frontier, *, batch: int = 1000) -> list[tuple[str, str, str]]:
+    """(field, column name, Parquet type) of every top-level data field any record has.
+
+    Fields are sorted by name. A field named like a metadata column (``key``, ``url``…) gets
+    the column ``data.<field>``. The type is what every non-null value fits: int64, float64
+    (ints and floats mixed), bool, string; nested or mixed values are JSON text (string).
+    """
+    kinds: dict[str, set[str]] = {}
+    for r in db.iter_records(batch):
+        for name, value in _fields(r["data"]).items():
+            seen = kinds.setdefault(name, set())
+            if value is not None:
+                seen.add(_kind(value))
+    meta = {name for name, _ in RECORD_META}
+    out = []
+    for name in sorted(kinds):
+        kind = kinds[name]
+        if kind <= {"int"} and kind:
+            arrow = "int64"
+        elif kind <= {"int", "float"} and kind:
+            arrow = "float64"
+        elif kind == {"bool"}:
+            arrow = "bool_"
+        else:
+            arrow = "string"
+        out.append((name, f"data.{name}" if name in meta else name, arrow))
+    return out
+
+
+def _fields(data_json: str) -> dict[str, Any]:
+    data = json.loads(data_json)
+    return data if isinstance(data, dict) else {"data": data}
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int" if -(2**63) <= value < 2**63 else "big"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return "nested"
+
+
+def flat_record_rows(
+    db: Frontier, fields: list[tuple[str, str, str]], *, batch: int = 1000
+) -> Iterator[dict[str, Any]]:
+    """Records with one column per data field (``record_fields``), values typed for Parquet:
+    a string column holds non-string values as JSON text."""
+    known = {name for name, _, _ in fields}
+    for r in db.iter_records(batch):
+        data = _fields(r["data"])
+        extra = set(data) - known
+        if extra:
+            # The header is already written: refusing keeps the export whole (the file export
+            # replaces its target only on success) instead of silently dropping the value.
+            raise ExportError(
+                f"record {r['key']!r} ({r['source']}) gained field(s) {sorted(extra)} while the "
+                "export ran; run the export again"
+            )
+        row = {name: r.get(name) for name, _ in RECORD_META}
+        for name, column, arrow in fields:
+            value = data.get(name)
+            if value is not None and arrow == "string" and not isinstance(value, str):
+                value = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+            elif value is not None and arrow == "float64":
+                value = float(value)
+            row[column] = value
+        yield row
+
+
 def rows(db: Frontier, what: str, *, batch: int = 1000) -> Iterator[dict[str, Any]]:
     """The rows of one export, each with exactly the columns of ``COLUMNS[what]``, streamed."""
     cols = [name for name, _ in COLUMNS[what]]
@@ -150,8 +230,9 @@ def export(
     """Write one export to ``out`` (a path, or "-" for stdout); returns the rows written.
 
     JSONL: one object per line (a record's ``data`` as a JSON object). CSV: a header row, then
-    one row per item, nested data as a JSON string, NULL as an empty field. Parquet: typed
-    columns (``COLUMNS``), written in row groups of ``row_group_rows``.
+    one row per item, NULL as an empty field. Parquet: typed columns (``COLUMNS``), written in
+    row groups of ``row_group_rows``. In CSV and Parquet, records are flat: the metadata
+    columns, then one column per data field (``record_fields``); nested values as JSON text.
     """
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r} (choose from {', '.join(FORMATS)})")
@@ -160,20 +241,26 @@ def export(
     if row_group_rows <= 0 or batch <= 0:
         raise ExportError("batch and row_group_rows must be positive")
     pq_mod = _pyarrow() if fmt == "parquet" else None
-    items = rows(db, what, batch=batch)
+    columns = COLUMNS[what]
+    if what == "records" and fmt != "jsonl":
+        fields = record_fields(db, batch=batch)
+        columns = RECORD_META + tuple((column, arrow) for _, column, arrow in fields)
+        items = flat_record_rows(db, fields, batch=batch)
+    else:
+        items = rows(db, what, batch=batch)
     if str(out) == "-":
         if fmt == "parquet":
             if sys.stdout.isatty():
                 raise ExportError("refusing to write Parquet to a terminal: use -o FILE")
             sys.stdout.flush()
-            return _write_parquet(pq_mod, items, what, sys.stdout.buffer, row_group_rows)
-        return _write_text(items, fmt, what, sys.stdout)
+            return _write_parquet(pq_mod, items, columns, sys.stdout.buffer, row_group_rows)
+        return _write_text(items, fmt, what, columns, sys.stdout)
     with _replace_on_success(Path(out)) as fh:
         if fmt == "parquet":
-            return _write_parquet(pq_mod, items, what, fh, row_group_rows)
+            return _write_parquet(pq_mod, items, columns, fh, row_group_rows)
         text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
         try:
-            return _write_text(items, fmt, what, text)
+            return _write_text(items, fmt, what, columns, text)
         finally:
             text.flush()
             text.detach()
@@ -214,13 +301,19 @@ def _replace_on_success(target: Path) -> Iterator[IO[bytes]]:
         raise
 
 
-def _write_text(items: Iterator[dict[str, Any]], fmt: str, what: str, out: IO[str]) -> int:
+def _write_text(
+    items: Iterator[dict[str, Any]],
+    fmt: str,
+    what: str,
+    columns: tuple[tuple[str, str], ...],
+    out: IO[str],
+) -> int:
     n = 0
     if fmt == "csv":
         w = csv.writer(out)
-        w.writerow([name for name, _ in COLUMNS[what]])
+        w.writerow([name for name, _ in columns])
         for row in items:
-            w.writerow(row.values())
+            w.writerow(_csv_cell(v) for v in row.values())
             n += 1
         return n
     for row in items:
@@ -231,10 +324,21 @@ def _write_text(items: Iterator[dict[str, Any]], fmt: str, what: str, out: IO[st
     return n
 
 
+def _csv_cell(value: Any) -> Any:
+    """Booleans as JSON spells them (``true``), so a CSV cell reads the same as in JSONL."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
 def _write_parquet(
-    pa: Any, items: Iterator[dict[str, Any]], what: str, sink: IO[bytes], group: int
+    pa: Any,
+    items: Iterator[dict[str, Any]],
+    columns: tuple[tuple[str, str], ...],
+    sink: IO[bytes],
+    group: int,
 ) -> int:
-    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in COLUMNS[what]])
+    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in columns])
     names = schema.names
     n = 0
     with pa.parquet.ParquetWriter(sink, schema) as writer:
