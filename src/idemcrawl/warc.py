@@ -60,6 +60,8 @@ __all__ = [
     "WarcError",
     "WarcPointer",
     "WarcStore",
+    "metadata_fields",
+    "parse_metadata",
     "payload_digest",
     "read_response",
     "repair_tail",
@@ -125,6 +127,47 @@ def warc_truncated(cut_reason: str | None) -> str | None:
 
 
 # --- record building --------------------------------------------------------------------------
+
+
+#: The metadata record's content type: WARC named fields, as Heritrix writes them. Replay tools
+#: (pywb, OpenWayback) leave ``application/warc-fields`` records out of their CDX index; a
+#: metadata record with any other type has the response's URI and date, sorts before it and is
+#: what replay would serve for the page.
+METADATA_CONTENT_TYPE: Final = "application/warc-fields"
+#: The named field that carries idemcrawl's own facts (JSON on one line).
+METADATA_FIELD: Final = "idemcrawl-metadata"
+
+
+def metadata_fields(url: str, metadata: dict[str, Any]) -> bytes:
+    """The body of a metadata record: ``outlink: URL`` per discovered link (the field other
+    tools read), then every other fact as JSON in one ``idemcrawl-metadata`` field."""
+    links = metadata.get("links") or []
+    rest = {k: v for k, v in metadata.items() if k != "links"}
+    try:
+        text = json.dumps(
+            rest, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False
+        )
+        lines = [f"outlink: {_check_uri(str(link))}" for link in links]
+    except (TypeError, ValueError, WarcError) as exc:
+        raise WarcError(f"metadata for {url} is not serialisable: {exc}") from exc
+    lines.append(f"{METADATA_FIELD}: {text}")
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+
+def parse_metadata(body: bytes) -> dict[str, Any]:
+    """The facts :func:`metadata_fields` wrote, with ``links`` rebuilt from the outlinks."""
+    out: dict[str, Any] = {}
+    links: list[str] = []
+    for line in body.decode("utf-8").split("\r\n"):
+        name, sep, value = line.partition(": ")
+        if not sep:
+            continue
+        if name.lower() == "outlink":
+            links.append(value)
+        elif name.lower() == METADATA_FIELD:
+            out.update(json.loads(value))
+    out["links"] = links
+    return out
 
 
 def _warc_date(ts: float) -> str:
@@ -401,16 +444,7 @@ class WarcStore:
             raise WarcError("metadata key 'original_headers' is reserved for the WARC store")
         date = _warc_date(fetched_at)
         stored, original = _stored_headers(response_headers, len(body), keep_encoding=not decoded)
-        try:
-            meta_json = json.dumps(
-                {**metadata, "original_headers": original},
-                ensure_ascii=False,
-                separators=(",", ":"),
-                sort_keys=True,
-                allow_nan=False,
-            ).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise WarcError(f"metadata for {url} is not JSON-serialisable: {exc}") from exc
+        meta_fields = metadata_fields(url, {**metadata, "original_headers": original})
         digest_bytes = hashlib.sha1(body).digest()
         digest = "sha1:" + base64.b32encode(digest_bytes).decode("ascii")
         response_head = _http_head(_status_line(http_version, status, reason), stored)
@@ -449,10 +483,10 @@ class WarcStore:
             [
                 ("WARC-Date", date),
                 ("WARC-Target-URI", url),
-                ("Content-Type", "application/json"),
+                ("Content-Type", METADATA_CONTENT_TYPE),
                 ("WARC-Concurrent-To", response_id),
             ],
-            meta_json,
+            meta_fields,
         )
         response, request, meta = ex.members
         # File order: request, response, metadata (the order a reader expects an exchange in).
