@@ -42,6 +42,8 @@ import xxhash
 from rbloom import Bloom
 from selectolax.lexbor import LexborHTMLParser
 
+from .encoding import decode_html
+
 __all__ = [
     "BloomNegativeCache",
     "BloomStats",
@@ -81,18 +83,6 @@ def body_hash(body: bytes) -> str:
 _INVISIBLE_TAGS: Final = ["script", "style", "noscript", "template"]
 
 
-def _decode(html: bytes) -> str:
-    """Decode a body as a browser would without headers: BOM, then ``<meta charset>``, UTF-8.
-
-    ``parse.detect_encoding`` implements that order; it is imported here rather than at the
-    top so that ``parse`` may import this module without an import cycle. Its UTF-16 codec
-    names (``utf-16-le``/``-be``) keep the BOM as U+FEFF, so that is removed here.
-    """
-    from .parse import detect_encoding
-
-    return html.decode(detect_encoding(html, None), errors="replace").removeprefix("\ufeff")
-
-
 def visible_text(html: str | bytes) -> str:
     """Return the text a reader sees on the page, whitespace collapsed to single spaces.
 
@@ -102,7 +92,7 @@ def visible_text(html: str | bytes) -> str:
     often identical across distinct pages). Pass ``Page.text`` when you have it: bytes are
     decoded from BOM / ``<meta charset>`` / UTF-8 only, without the Content-Type header.
     """
-    text = _decode(html) if isinstance(html, bytes) else html
+    text = decode_html(html) if isinstance(html, bytes) else html
     # str.split() splits on exactly what the regex ``\s`` matches (both are
     # Py_UNICODE_ISSPACE; tests check every code point) and is ~4x faster than the sub.
     return " ".join(_raw_visible_text(text).split())

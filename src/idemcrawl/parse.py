@@ -9,7 +9,6 @@ bytes and tuples crosses the process boundary.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import dataclasses
 import hashlib
@@ -19,7 +18,6 @@ import multiprocessing
 import operator
 import os
 import pickle
-import re
 import signal
 import struct
 import sys
@@ -37,6 +35,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from . import url as urls
 from .dedup import page_simhash
+from .encoding import detect_encoding
 from .frontier.base import DOWNLOAD, PAGE, SITEMAP, NewURL, RecordWrite, canonical_json
 from .html_text import reader_text
 from .sitemaps import parse_sitemap, priority_for
@@ -110,39 +109,6 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.tag}>"
-
-
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
-_BOMS = (
-    (codecs.BOM_UTF8, "utf-8-sig"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
-
-
-def detect_encoding(body: bytes, content_type: str | None) -> str:
-    """BOM, then the Content-Type charset, then a ``<meta>`` charset, then UTF-8 (HTML5 order)."""
-    for bom, name in _BOMS:
-        if body.startswith(bom):
-            return name
-    if content_type and "charset=" in content_type.lower():
-        cs = content_type.lower().split("charset=", 1)[1].split(";")[0].strip().strip("\"'")
-        if _known_codec(cs):
-            return cs
-    m = _META_CHARSET.search(body[:4096])
-    if m:
-        cs = m.group(1).decode("ascii", "replace").lower()
-        if _known_codec(cs):
-            return cs
-    return "utf-8"
-
-
-def _known_codec(name: str) -> bool:
-    try:
-        info = codecs.lookup(name)
-    except LookupError:
-        return False
-    return bool(getattr(info, "_is_text_encoding", True))  # base64, zlib… are not charsets
 
 
 class Page:
