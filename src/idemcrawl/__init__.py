@@ -18,6 +18,7 @@ The public API for spider authors::
 from .config import CrawlConfig
 from .engine import CrawlSummary, Engine, run_crawl
 from .parse import Download, Link, Node, Page, Record, Spider
+from .version import __version__
 
 __all__ = [
     "CrawlConfig",
@@ -29,6 +30,6 @@ __all__ = [
     "Page",
     "Record",
     "Spider",
+    "__version__",
     "run_crawl",
 ]
-__version__ = "0.1.0"

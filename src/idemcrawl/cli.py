@@ -15,7 +15,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from . import __version__
 from .config import (
     FILE_KEYS,
     ConfigFileError,
@@ -30,6 +29,7 @@ from .frontier import FrontierError, open_frontier
 from .parse import SpiderLoadError
 from .recrawl import PinError, parse_pin
 from .url import InvalidURL, normalise
+from .version import __version__
 from .warc import WarcError
 
 
@@ -616,7 +616,6 @@ def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
         raise UsageError(str(exc)) from None
     if settings.get("parse_workers") is None:
         settings["parse_workers"] = default_parse_workers()
-    settings.setdefault("user_agent", "idemcrawl/" + __version__)
     cfg = CrawlConfig(
         seeds=tuple(seeds),
         sitemaps=tuple(sitemaps),

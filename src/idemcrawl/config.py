@@ -10,6 +10,7 @@ from .frontier.base import HostPolicy
 from .recrawl import RecrawlPolicy
 from .robots import RobotsCache, RobotsSettings
 from .traps import TrapLimits
+from .version import DEFAULT_USER_AGENT
 
 
 def default_parse_workers() -> int:
@@ -78,7 +79,8 @@ class CrawlConfig:
     max_retries: int = 3
     retry_base: float = 2.0
     retry_cap: float = 600.0
-    user_agent: str = "idemcrawl/0.1"
+    #: Sent with every request; its product token is what robots.txt groups are matched on.
+    user_agent: str = DEFAULT_USER_AGENT
     connect_timeout: float = 10.0
     read_timeout: float = 20.0
     total_timeout: float = 60.0

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from . import __version__
 from .frontier.base import Frontier
+from .version import DEFAULT_USER_AGENT
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class _Poster:
         self._target = f"{path}?{parts.query}" if parts.query else path
         self._headers = {
             "Content-Type": "application/json",
-            "User-Agent": f"idemcrawl/{__version__} (webhook)",
+            "User-Agent": f"{DEFAULT_USER_AGENT} (webhook)",
         }
         if parts.username is not None:
             creds = f"{unquote(parts.username)}:{unquote(parts.password or '')}"

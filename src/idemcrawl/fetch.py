@@ -44,6 +44,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
 from . import url as urls
+from .version import DEFAULT_USER_AGENT
 
 try:  # optional: only advertised in Accept-Encoding when we can decode it
     import brotli
@@ -254,7 +255,7 @@ class FetchResult:
 
 @dataclass(frozen=True, slots=True)
 class FetchSettings:
-    user_agent: str = "idemcrawl/0.1 (+https://example.invalid/idemcrawl)"
+    user_agent: str = DEFAULT_USER_AGENT
     connect_timeout: float = 10.0
     read_timeout: float = 20.0
     total_timeout: float = 60.0

@@ -47,6 +47,8 @@ from typing import Any, Final, Literal, Protocol
 
 from protego import Protego
 
+from .version import DEFAULT_USER_AGENT, PRODUCT_TOKEN
+
 __all__ = [
     "ALLOW_ALL",
     "DEFAULT_PRODUCT_TOKEN",
@@ -76,8 +78,9 @@ ALLOW_ALL: Final = "allow_all"
 DISALLOW_ALL: Final = "disallow_all"
 MODES: Final = frozenset({RULES, ALLOW_ALL, DISALLOW_ALL})
 
-#: Used when a configured user agent string has no usable product token.
-DEFAULT_PRODUCT_TOKEN: Final = "idemcrawl"
+#: Used when a configured user agent string has no usable product token: our own name, the
+#: token of the default User-Agent, so groups addressed to us by name still apply.
+DEFAULT_PRODUCT_TOKEN: Final = PRODUCT_TOKEN
 
 #: The ``hosts`` columns :func:`state_to_row` fills, in a stable order for building SQL.
 ROW_COLUMNS: Final = (
@@ -122,7 +125,7 @@ class RobotsSettings:
     """The robots.txt knobs; defaults follow RFC 9309 (24 h cache, 500 KiB parse limit)."""
 
     #: The crawler's User-Agent; only its product token is matched against robots.txt groups.
-    user_agent: str = DEFAULT_PRODUCT_TOKEN
+    user_agent: str = DEFAULT_USER_AGENT
     #: Seconds a fetched copy is trusted (RFC 9309 section 2.4: SHOULD NOT exceed 24 h).
     max_age: float = 86400.0
     #: Seconds before an unreachable robots.txt is tried again; short, so a blip pauses briefly.

@@ -55,6 +55,8 @@ from urllib.parse import urlsplit
 import warcio.archiveiterator
 from fastwarc.warc import ArchiveIterator, WarcRecord, WarcRecordType
 
+from .version import DEFAULT_USER_AGENT
+
 __all__ = [
     "REVISIT_PROFILES",
     "WarcError",
@@ -304,7 +306,7 @@ class WarcStore:
         prefix: str,
         *,
         max_file_bytes: int = 1 << 30,
-        software: str = "idemcrawl/0.1",
+        software: str = DEFAULT_USER_AGENT,
         compression_level: int = COMPRESSION_LEVEL,
     ) -> None:
         if not _PREFIX_RE.fullmatch(prefix):
@@ -1017,7 +1019,7 @@ def write_cost(
     the compressed bytes per exchange. For ``idemcrawl bench`` and docs/warc.md.
     """
     bodies = [_sample_page(i, body_bytes) for i in range(pages)]
-    request = [("User-Agent", "idemcrawl/0.1"), ("Accept-Encoding", "gzip, br")]
+    request = [("User-Agent", DEFAULT_USER_AGENT), ("Accept-Encoding", "gzip, br")]
     response = [
         ("Content-Type", "text/html; charset=utf-8"),
         ("Content-Encoding", "gzip"),
