@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from idemcrawl.cli import status_dict
 from idemcrawl.engine import run_crawl
 from idemcrawl.frontier import SQLiteFrontier, open_frontier
 from idemcrawl.frontier.base import FrontierStats
@@ -32,6 +31,7 @@ from idemcrawl.metrics import (
     markdown_table,
     start_metrics_server,
 )
+from idemcrawl.status import status_dict
 
 from .conftest import crawl_config
 

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from idemcrawl.cli import status_dict
 from idemcrawl.engine import CrawlSummary, run_crawl
 from idemcrawl.frontier import FrontierError, SQLiteFrontier
 from idemcrawl.lab.testsite import ShopConfig, ShopServer
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 from idemcrawl.serve import PAGE, make_app, read_dashboard, serve
+from idemcrawl.status import status_dict
 
 from .conftest import crawl_config
 from .frontier.conftest import in_ci

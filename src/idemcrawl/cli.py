@@ -28,6 +28,7 @@ from .fetch import parse_allow_list
 from .frontier import FrontierError, open_frontier
 from .parse import SpiderLoadError
 from .recrawl import PinError, parse_pin
+from .status import status_dict, status_lines
 from .url import InvalidURL, normalise
 from .version import __version__
 from .warc import WarcError
@@ -787,111 +788,12 @@ def cmd_reparse(a: argparse.Namespace) -> int:
     return 0
 
 
-def status_dict(db: str) -> dict[str, Any]:
-    import time
-
-    f = _open_existing(db)
-    try:
-        s = f.stats()
-        hosts = f.hosts_report(time.time())
-        audit = f.lease_audit()
-        aggregates = f.aggregates()
-    finally:
-        f.close()
-    fetches = s.counters.get("fetches", 0)
-    return {
-        "db": db,
-        "urls": s.urls_by_state,
-        "urls_total": sum(s.urls_by_state.values()),
-        "hosts": s.hosts,
-        "records": s.records,
-        "events": s.events,
-        "requests": fetches,
-        "requests_per_record": round(fetches / s.records, 3) if s.records else None,
-        "fetch_errors": s.counters.get("fetch_errors", 0),
-        "lease_expiries": s.counters.get("lease_expiries", 0),
-        "leases_reclaimed": s.counters.get("leases_reclaimed", 0),
-        "completions_rejected": s.counters.get("completions_rejected", 0),
-        "links_rejected": {
-            k.removeprefix("links_rejected_"): v
-            for k, v in sorted(s.counters.items())
-            if k.startswith("links_rejected_")
-        },
-        "robots_fetches": s.counters.get("robots_fetches", 0),
-        "robots_disallowed": s.counters.get("robots_disallowed", 0),
-        "urls_deferred": s.counters.get("urls_deferred", 0),
-        "host_backoffs": s.counters.get("host_backoffs", 0),
-        "breaker_trips": s.counters.get("breaker_trips", 0),
-        "politeness": audit,
-        "aggregates": aggregates,
-        "counters": s.counters,
-        "hosts_in_backoff": sum(1 for h in hosts if h["in_backoff"]),
-        "host_states": hosts,
-        "group_commit": {
-            "max_completions": int(s.meta.get("group_commit_max", "0") or 0),
-            "linger_seconds": float(s.meta.get("group_commit_linger_s", "0") or 0),
-        },
-    }
-
-
 def cmd_status(a: argparse.Namespace) -> int:
     d = status_dict(a.db)
     if a.json:
         print(json.dumps(d, sort_keys=True, default=str))
-        return 0
-    print(f"crawl database   {d['db']}")
-    print(
-        "urls             "
-        + ", ".join(f"{k} {v}" for k, v in d["urls"].items())
-        + f" (total {d['urls_total']})"
-    )
-    print(f"hosts            {d['hosts']}")
-    print(f"records          {d['records']}    events {d['events']}")
-    rpr = d["requests_per_record"]
-    print(
-        f"requests         {d['requests']} committed ({d['fetch_errors']} errors); "
-        f"per stored record {rpr if rpr is not None else '-'}"
-    )
-    print(
-        f"leases           {d['lease_expiries']} expired, {d['leases_reclaimed']} reclaimed "
-        f"from dead processes, {d['completions_rejected']} stale completions rejected"
-    )
-    rej = d["links_rejected"]
-    print("links refused    " + (", ".join(f"{k} {v}" for k, v in rej.items()) or "none"))
-    pol = d["politeness"]
-    ed = pol["eligibility_delay_s"]
-    print(
-        f"politeness       {pol['violations']} violations in {pol['grants']} grants (lease log); "
-        f"eligibility delay p50 {ed['p50']} s, p99 {ed['p99']} s; "
-        f"{d['hosts_in_backoff']} hosts backing off, {d['breaker_trips']} breaker trips"
-    )
-    print(
-        f"robots.txt       {d['robots_fetches']} fetches, {d['robots_disallowed']} URLs "
-        f"disallowed, {d['urls_deferred']} URLs deferred"
-    )
-    for h in d["host_states"][:20]:
-        notes = [f"robots {h['robots_state'] or 'unknown'}"]
-        if h["robots_age_s"] is not None:
-            notes.append(f"age {h['robots_age_s']:.0f} s")
-        if h["in_backoff"]:
-            notes.append(f"backing off: {h['backoff_reason']}")
-        if h["deferred_reason"]:
-            notes.append(f"deferred: {h['deferred_reason']}")
-        print(
-            f"  {h['host_key']:<40} queued {h['queued']:<6} in flight {h['in_flight']:<3} "
-            + ", ".join(notes)
-        )
-    if len(d["host_states"]) > 20:
-        print(f"  … {len(d['host_states']) - 20} more hosts (status --json lists all)")
-    from .export import render_aggregates
-
-    print(render_aggregates(d["aggregates"]))
-    gc = d["group_commit"]
-    print(
-        f"group commit     <= {gc['max_completions']} completions per transaction, lingering "
-        f"<= {gc['linger_seconds']} s (a kill can repeat at most the fetches in flight plus "
-        "one such batch)"
-    )
+    else:
+        print("\n".join(status_lines(d)))
     return 0
 
 

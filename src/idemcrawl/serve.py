@@ -2,7 +2,7 @@
 
 The page is one self-contained HTML document (inline CSS and JS, no CDN, no font or image
 fetched from anywhere) that polls ``/api/status`` every 2 s. The numbers come from the frontier
-through :func:`idemcrawl.cli.status_dict`, the same function behind ``status --json``, so the
+through :func:`idemcrawl.status.status_dict`, the same function behind ``status --json``, so the
 page agrees with the command line and is true across every process crawling the database. The
 throughput chart needs history a database read does not give, so the server samples the
 frontier's counters every 2 s into a ring buffer and serves the rates with each status.
@@ -35,6 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from .frontier import FrontierError, open_frontier
+from .status import status_dict
 
 __all__ = [
     "DashboardState",
@@ -80,12 +81,10 @@ def read_dashboard(db: str, now: float | None = None) -> dict[str, Any]:
     ``status`` is ``status_dict(db)`` minus ``host_states`` (which may list 100k hosts); the
     hosts the page shows are picked here: the slowest by ``latency_ewma`` and those in back-off.
     """
-    from .cli import status_dict  # the same numbers as `status --json`
-
     now = time.time() if now is None else now
-    status = status_dict(db)
     f = open_frontier(db, create=False)
     try:
+        status = status_dict(f, db)  # the same numbers as `status --json`
         stats = f.stats()
         recent_fn = getattr(f, "recent_errors", None)
         recent = list(recent_fn(TOP)) if recent_fn is not None else None
