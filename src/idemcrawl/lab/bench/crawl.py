@@ -620,24 +620,17 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
 
 
 def crawl_source_files() -> list[Path]:
-    """The idemcrawl modules a ``crawl`` process loads: the CLI, the engine and their imports.
+    """The crawler's own source: every ``.py`` file of the package outside ``lab/``.
 
-    ``lab/`` is left out (the benchmark's own code), and so is everything a crawl does not
-    import (the simulator, the test sites), so that a change there does not make the rounds of
-    a report look incomparable. Call once per benchmark: ``sys.modules`` only grows.
+    ``lab/`` is left out (the benchmark's own code, the simulator, the test sites), so that a
+    change there does not make the rounds of a report look incomparable; it is the same set of
+    files the git note of :func:`environment` calls "idemcrawl sources". Listed from disk rather
+    than by importing the command line and reading ``sys.modules``: the lab sits below the CLI
+    (the CLI runs the benchmark), so it must not import it back.
     """
-    importlib.import_module("idemcrawl.cli")
-    importlib.import_module("idemcrawl.engine")
-    files = set()
-    for name, module in list(sys.modules.items()):
-        if name != "idemcrawl" and not name.startswith("idemcrawl."):
-            continue
-        if name.startswith("idemcrawl.lab"):
-            continue
-        path = getattr(module, "__file__", None)
-        if path:
-            files.add(Path(path).resolve())
-    return sorted(files)
+    package = Path(__file__).resolve().parents[2]  # src/idemcrawl/lab/bench/crawl.py
+    lab = package / "lab"
+    return sorted(p for p in package.rglob("*.py") if lab not in p.parents)
 
 
 def source_fingerprint(files: Sequence[Path]) -> str:
