@@ -8,28 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import Any
 
-from .config import (
-    FILE_KEYS,
-    ConfigFileError,
-    CrawlConfig,
-    default_parse_workers,
-    load_config_file,
-)
+from .config import FILE_KEYS, ConfigError, FlagLists, default_of, layered_config
+from .control import ACTIONS, ControlError, apply_control, parse_control
 from .events import WebhookError
 from .export import ExportError
-from .fetch import parse_allow_list
 from .frontier import FrontierError, open_frontier
 from .parse import SpiderLoadError
-from .recrawl import PinError, parse_pin
 from .status import status_dict, status_lines
-from .url import InvalidURL, normalise
+from .url import InvalidURL
 from .version import __version__
 from .warc import WarcError
 
@@ -68,16 +58,122 @@ def _seconds(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="idemcrawl",
-        description="A restart-safe, polite web crawler. Kill it at any instant; rerun the same "
-        "command to resume.",
-    )
-    p.add_argument("--version", action="version", version=f"idemcrawl {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+class _Defaults(dict[str, str]):
+    """``{name}`` in a help text -> the built-in default of that crawl setting, as shown.
 
-    S = argparse.SUPPRESS  # only flags given on the command line override the config file
+    Read from :class:`~idemcrawl.config.CrawlConfig`, so a changed default changes the help.
+    Whole numbers print without ".0"; ``{name_size}`` prints a byte count in KiB/MiB/GiB.
+    """
+
+    def __missing__(self, key: str) -> str:
+        if key.endswith("_size"):
+            n = int(default_of(key.removesuffix("_size")))
+            unit, size = next(u for u in _SIZE_UNITS if n % u[1] == 0)
+            return f"{n // size} {unit}"
+        value = default_of(key)
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+
+_SIZE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("bytes", 1))
+
+#: The crawl settings as flags, in --help order: (flag, value type or argparse action, help,
+#: extra add_argument keywords). "{name}" in a help text is that setting's CrawlConfig default.
+#: A setting flag is absent from the namespace unless typed, so only typed flags beat the
+#: config file; "repeat" flags collect a list that adds to the file's (see config.FlagLists).
+# fmt: off
+_CRAWL_FLAGS: tuple[tuple[str, Any, str, dict[str, Any]], ...] = (
+    ("--db", None, "crawl database: an SQLite file path", {}),
+    ("--sitemap", "repeat", "read this sitemap (or sitemap index, gzip allowed); repeatable",
+     {"metavar": "URL"}),
+    ("--spider", None,
+     "FILE.py:Class or module:Class (default: follow all links, store no records)", {}),
+    ("--concurrency", _positive_int,
+     "requests in flight across all hosts (default {concurrency})", {}),
+    ("--host-concurrency", _positive_int,
+     "requests in flight per host (default {host_concurrency})", {}),
+    ("--delay", _seconds,
+     "minimum seconds between request starts on one host (default {delay})", {}),
+    ("--latency-factor", _seconds, "delay at least this multiple of the host's response time "
+     "(default {latency_factor}; 0 = off)", {}),
+    ("--lease-seconds", _seconds,
+     "how long a leased URL stays claimed if its owner dies (default {lease_seconds})", {}),
+    ("--scope", None, "which discovered links to follow (default: the seeds' hosts)",
+     {"choices": ("host", "domain", "any")}),
+    ("--allow-private", "append", "permit connections to this private/loopback address or "
+     "network", {"metavar": "ADDR_OR_CIDR"}),
+    ("--max-pages", _positive_int, "stop after leasing this many pages in this run", {}),
+    ("--parse-workers", _positive_int,
+     "parser processes (default {parse_workers}; 0 = in-process)", {}),
+    ("--commit-batch", _positive_int,
+     "most completions per group commit (default {commit_batch})", {}),
+    ("--commit-seconds", _seconds, "how long a group commit may wait for more completions, "
+     "<= 1 (default {commit_seconds})", {}),
+    ("--max-retries", _positive_int,
+     "retries for timeouts, connection errors and 5xx/429 (default {max_retries})", {}),
+    ("--user-agent", None, "User-Agent; its product token is matched against robots.txt "
+     "(default {user_agent})", {}),
+    ("--ignore-robots", "store_true",
+     "do not fetch or obey robots.txt (a crawl preference, not authorisation)", {}),
+    ("--robots-max-age", _seconds,
+     "seconds a robots.txt copy is trusted (default {robots_max_age})", {}),
+    ("--robots-error-ttl", _seconds,
+     "seconds before an unreachable robots.txt is retried (default {robots_error_ttl})", {}),
+    ("--robots-max-attempts", _positive_int, "unreachable robots.txt answers before a host is "
+     "deferred (default {robots_max_attempts})", {}),
+    ("--crawl-delay-cap", _seconds, "largest robots.txt Crawl-delay honoured; hosts asking "
+     "more are deferred (default {crawl_delay_cap})", {}),
+    ("--retry-deferred", "store_true", "requeue URLs an earlier run deferred (Crawl-delay "
+     "above the cap, robots.txt unreachable)", {}),
+    ("--max-depth", _positive_int,
+     "trap defence: links beyond this are not followed (default {max_depth})", {}),
+    ("--max-url-length", _positive_int,
+     "trap defence: links beyond this are not followed (default {max_url_length})", {}),
+    ("--max-query-params", _positive_int,
+     "trap defence: links beyond this are not followed (default {max_query_params})", {}),
+    ("--max-repeated-segment", _positive_int,
+     "trap defence: links beyond this are not followed (default {max_repeated_segment})", {}),
+    ("--host-delay", "repeat", "per-host delay between request starts (HOST: host[:port] or "
+     "scheme://host[:port])", {"metavar": "HOST=SECONDS"}),
+    ("--host-max", "repeat", "per-host requests in flight", {"metavar": "HOST=N"}),
+    ("--host-budget", "repeat", "per-host fetches per UTC day (overrides --daily-budget)",
+     {"metavar": "HOST=N"}),
+    ("--daily-budget", _positive_int,
+     "trap defence: fetches per host per UTC day; hosts over it are deferred", {}),
+    ("--max-redirects", _non_negative_int, "redirect hops followed from one URL, each a URL of "
+     "its own (default {max_redirects})", {}),
+    ("--max-bytes", _positive_int,
+     "bytes received per response before it is cut (default {max_bytes_size})", {}),
+    ("--max-decompressed-bytes", _positive_int, "decompressed bytes kept per response; bombs "
+     "stop here (default {max_decompressed_bytes_size})", {}),
+    ("--connect-timeout", _seconds, "seconds connect (default {connect_timeout})", {}),
+    ("--read-timeout", _seconds, "seconds between two reads (default {read_timeout})", {}),
+    ("--total-timeout", _seconds,
+     "seconds for a whole response; slow senders are cut (default {total_timeout})", {}),
+    ("--recrawl", "store_true",
+     "keep running and revisit URLs when they are due (conditional requests)", {}),
+    ("--recrawl-min", _seconds,
+     "shortest revisit interval in seconds (default {recrawl_min})", {}),
+    ("--recrawl-max", _seconds,
+     "longest revisit interval in seconds (default {recrawl_max})", {}),
+    ("--tombstone-interval", _seconds,
+     "seconds before a 404/410 is checked again (default: --recrawl-max)", {}),
+    ("--pin", "repeat", "URLs matching REGEX are revisited every SECONDS; repeatable",
+     {"metavar": "REGEX=SECONDS"}),
+    ("--warc-dir", None, "directory for WARC files (default: DB path + '.warc')", {}),
+    ("--no-warc", "store_false", "do not archive exchanges (reparse then has nothing to read)",
+     {"dest": "warc"}),
+    ("--warc", "store_true",
+     "archive exchanges (the default; overrides an earlier --no-warc or the config)",
+     {"dest": "warc"}),
+    ("--metrics-port", _non_negative_int,
+     "serve Prometheus metrics on 127.0.0.1:PORT while crawling", {}),
+)
+# fmt: on
+
+
+def _add_crawl_parser(sub: Any) -> None:
     c = sub.add_parser(
         "crawl",
         help="crawl from seed URLs into a crawl database (resumable)",
@@ -87,256 +183,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("urls", nargs="*", metavar="URL", help="seed URLs (optional when resuming)")
     c.add_argument("--config", help='TOML file with crawl settings and [hosts."HOST"] overrides')
-    c.add_argument("--db", default=S, help="crawl database: an SQLite file path")
-    c.add_argument(
-        "--sitemap",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="read this sitemap (or sitemap index, gzip allowed); repeatable",
-    )
-    c.add_argument(
-        "--spider",
-        default=S,
-        help="FILE.py:Class or module:Class (default: follow all links, store no records)",
-    )
-    c.add_argument(
-        "--concurrency",
-        type=_positive_int,
-        default=S,
-        help="requests in flight across all hosts (default 16)",
-    )
-    c.add_argument(
-        "--host-concurrency",
-        type=_positive_int,
-        default=S,
-        help="requests in flight per host (default 1)",
-    )
-    c.add_argument(
-        "--delay",
-        type=_seconds,
-        default=S,
-        help="minimum seconds between request starts on one host (default 1.0)",
-    )
-    c.add_argument(
-        "--latency-factor",
-        type=_seconds,
-        default=S,
-        help="delay at least this multiple of the host's response time (default 2; 0 = off)",
-    )
-    c.add_argument(
-        "--lease-seconds",
-        type=_seconds,
-        default=S,
-        help="how long a leased URL stays claimed if its owner dies (default 120)",
-    )
-    c.add_argument(
-        "--scope",
-        choices=("host", "domain", "any"),
-        default=S,
-        help="which discovered links to follow (default: the seeds' hosts)",
-    )
-    c.add_argument(
-        "--allow-private",
-        action="append",
-        default=S,
-        metavar="ADDR_OR_CIDR",
-        help="permit connections to this private/loopback address or network",
-    )
-    c.add_argument(
-        "--max-pages",
-        type=_positive_int,
-        default=S,
-        help="stop after leasing this many pages in this run",
-    )
-    c.add_argument(
-        "--parse-workers",
-        type=_positive_int,
-        default=S,
-        help=f"parser processes (default {default_parse_workers()}; 0 = in-process)",
-    )
-    c.add_argument(
-        "--commit-batch",
-        type=_positive_int,
-        default=S,
-        help="most completions per group commit (default 64)",
-    )
-    c.add_argument(
-        "--commit-seconds",
-        type=_seconds,
-        default=S,
-        help="how long a group commit may wait for more completions, <= 1 (default 0)",
-    )
-    c.add_argument(
-        "--max-retries",
-        type=_positive_int,
-        default=S,
-        help="retries for timeouts, connection errors and 5xx/429 (default 3)",
-    )
-    c.add_argument(
-        "--user-agent",
-        default=S,
-        help="User-Agent; its product token is matched "
-        "against robots.txt (default idemcrawl/VERSION)",
-    )
-    c.add_argument(
-        "--ignore-robots",
-        action="store_true",
-        default=S,
-        help="do not fetch or obey robots.txt (a crawl preference, not authorisation)",
-    )
-    c.add_argument(
-        "--robots-max-age",
-        type=_seconds,
-        default=S,
-        help="seconds a robots.txt copy is trusted (default 86400)",
-    )
-    c.add_argument(
-        "--robots-error-ttl",
-        type=_seconds,
-        default=S,
-        help="seconds before an unreachable robots.txt is retried (default 3600)",
-    )
-    c.add_argument(
-        "--robots-max-attempts",
-        type=_positive_int,
-        default=S,
-        help="unreachable robots.txt answers before a host is deferred (default 3)",
-    )
-    c.add_argument(
-        "--crawl-delay-cap",
-        type=_seconds,
-        default=S,
-        help="largest robots.txt Crawl-delay honoured; hosts asking more are deferred (default 30)",
-    )
-    c.add_argument(
-        "--retry-deferred",
-        action="store_true",
-        default=S,
-        help="requeue URLs an earlier run deferred (Crawl-delay above the cap, "
-        "robots.txt unreachable)",
-    )
-    for name, default in (
-        ("max-depth", 100),
-        ("max-url-length", 2048),
-        ("max-query-params", 12),
-        ("max-repeated-segment", 3),
-    ):
-        c.add_argument(
-            f"--{name}",
-            type=_positive_int,
-            default=S,
-            help=f"trap defence: links beyond this are not followed (default {default})",
-        )
-    c.add_argument(
-        "--host-delay",
-        action="append",
-        default=[],
-        metavar="HOST=SECONDS",
-        help="per-host delay between request starts (HOST: host[:port] or scheme://host[:port])",
-    )
-    c.add_argument(
-        "--host-max",
-        action="append",
-        default=[],
-        metavar="HOST=N",
-        help="per-host requests in flight",
-    )
-    c.add_argument(
-        "--host-budget",
-        action="append",
-        default=[],
-        metavar="HOST=N",
-        help="per-host fetches per UTC day (overrides --daily-budget)",
-    )
-    c.add_argument(
-        "--daily-budget",
-        type=_positive_int,
-        default=S,
-        help="trap defence: fetches per host per UTC day; hosts over it are deferred",
-    )
-    c.add_argument(
-        "--max-redirects",
-        type=_non_negative_int,
-        default=S,
-        help="redirect hops followed from one URL, each a URL of its own (default 5)",
-    )
-    c.add_argument(
-        "--max-bytes",
-        type=_positive_int,
-        default=S,
-        help="bytes received per response before it is cut (default 10 MiB)",
-    )
-    c.add_argument(
-        "--max-decompressed-bytes",
-        type=_positive_int,
-        default=S,
-        help="decompressed bytes kept per response; bombs stop here (default 10 MiB)",
-    )
-    for name, what in (
-        ("connect-timeout", "connect (default 10)"),
-        ("read-timeout", "between two reads (default 20)"),
-        ("total-timeout", "for a whole response; slow senders are cut (default 60)"),
-    ):
-        c.add_argument(f"--{name}", type=_seconds, default=S, help=f"seconds {what}")
-    c.add_argument(
-        "--recrawl",
-        action="store_true",
-        default=S,
-        help="keep running and revisit URLs when they are due (conditional requests)",
-    )
-    c.add_argument(
-        "--recrawl-min",
-        type=_seconds,
-        default=S,
-        help="shortest revisit interval in seconds (default 86400)",
-    )
-    c.add_argument(
-        "--recrawl-max",
-        type=_seconds,
-        default=S,
-        help="longest revisit interval in seconds (default 2592000)",
-    )
-    c.add_argument(
-        "--tombstone-interval",
-        type=_seconds,
-        default=S,
-        help="seconds before a 404/410 is checked again (default: --recrawl-max)",
-    )
-    c.add_argument(
-        "--pin",
-        action="append",
-        default=[],
-        metavar="REGEX=SECONDS",
-        help="URLs matching REGEX are revisited every SECONDS; repeatable",
-    )
-    c.add_argument(
-        "--warc-dir",
-        default=S,
-        help="directory for WARC files (default: DB path + '.warc')",
-    )
-    c.add_argument(
-        "--no-warc",
-        dest="warc",
-        action="store_false",
-        default=S,
-        help="do not archive exchanges (reparse then has nothing to read)",
-    )
-    c.add_argument(
-        "--warc",
-        dest="warc",
-        action="store_true",
-        default=S,
-        help="archive exchanges (the default; overrides an earlier --no-warc or the config)",
-    )
-    c.add_argument(
-        "--metrics-port",
-        type=_non_negative_int,
-        default=S,
-        help="serve Prometheus metrics on 127.0.0.1:PORT while crawling",
-    )
+    defaults = _Defaults()
+    for flag, kind, text, extra in _CRAWL_FLAGS:
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS, **extra}
+        if kind == "repeat":
+            kw.update(action="append", default=[])
+        elif isinstance(kind, str):
+            kw["action"] = kind
+        elif kind is not None:
+            kw["type"] = kind
+        c.add_argument(flag, help=text.format_map(defaults), **kw)
     c.add_argument("--json", action="store_true", help="print the run summary as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="idemcrawl",
+        description="A restart-safe, polite web crawler. Kill it at any instant; rerun the same "
+        "command to resume.",
+    )
+    p.add_argument("--version", action="version", version=f"idemcrawl {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    _add_crawl_parser(sub)
 
     ctl = sub.add_parser(
         "control",
@@ -348,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--db", required=True)
     ctl.add_argument(
         "action",
-        choices=("pause", "resume", "block", "unblock", "set-delay", "set-budget", "add"),
+        choices=ACTIONS,
     )
     ctl.add_argument(
         "args",
@@ -367,9 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--db", required=True)
     e.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl")
-    e.add_argument(
-        "--what", choices=("records", "urls", "events", "aggregates"), default="records"
-    )
+    e.add_argument("--what", choices=("records", "urls", "events", "aggregates"), default="records")
     e.add_argument("-o", "--output", default="-", help="output file (default stdout)")
 
     ev = sub.add_parser(
@@ -435,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
         "page, a trickling page, binary garbage, huge headers, links to forbidden addresses",
     )
     t.add_argument("--host", default="127.0.0.1")
-    t.add_argument("--port", type=_positive_int, default=8000, help="shop port (default 8000)")
+    t.add_argument(
+        "--port", type=_positive_int, default=8000, help="shop port (default %(default)s)"
+    )
     t.add_argument("--listings", type=_positive_int, default=25)
     t.add_argument("--per-page", type=_positive_int, default=20)
     t.add_argument("--latency-ms", type=_seconds, default=0.0)
@@ -453,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--port",
         type=_positive_int,
         default=8765,
-        help="loopback port for the shop (default 8765, so a rerun resumes the same "
+        help="loopback port for the shop (default %(default)s, so a rerun resumes the same "
         "crawl; a busy port falls back to a free one)",
     )
 
@@ -536,108 +406,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@contextmanager
-def _output(path: str) -> Iterator[TextIO]:
-    if path == "-":
-        yield sys.stdout
-    else:
-        with open(path, "w", encoding="utf-8", newline="") as fh:
-            yield fh
-
-
-def _merge_host_flags(
-    overrides: list[tuple[str, float | None, int | None]],
-    delays: list[str],
-    maxes: list[str],
-    *,
-    max_flag: str = "--host-max",
-) -> list[tuple[str, float | None, int | None]]:
-    """Fold --host-delay / --host-max into the config file's per-host overrides (flags win)."""
-    from .config import host_keys_for
-
-    table: dict[str, list[float | int | None]] = {h: [d, m] for h, d, m in overrides}
-    for flag, items, slot in (("--host-delay", delays, 0), (max_flag, maxes, 1)):
-        for item in items:
-            host, sep, value = item.rpartition("=")
-            if not sep or not host:
-                raise UsageError(f"{flag} takes HOST=VALUE, got {item!r}")
-            try:
-                number: float | int = float(value) if slot == 0 else int(value)
-            except ValueError:
-                raise UsageError(f"{flag} {item!r}: {value!r} is not a number") from None
-            if number < 0 or (slot == 1 and number < 1):
-                raise UsageError(f"{flag} {item!r}: value out of range")
-            try:
-                keys = host_keys_for(host)
-            except ValueError as exc:
-                raise UsageError(f"{flag} {item!r}: {exc}") from None
-            for hk in keys:
-                table.setdefault(hk, [None, None])[slot] = number
-    return [(h, v[0], v[1]) for h, v in table.items()]  # type: ignore[misc]
-
-
-def crawl_config_from_args(a: argparse.Namespace) -> CrawlConfig:
-    """Defaults, then the config file, then the flags actually given."""
-    settings: dict[str, Any] = {}
-    overrides: list[tuple[str, float | None, int | None]] = []
-    if a.config:
-        try:
-            file_settings, overrides = load_config_file(a.config)
-        except ConfigFileError as exc:
-            raise UsageError(str(exc)) from None
-        settings.update(file_settings)
-    given = {k: v for k, v in vars(a).items() if k in FILE_KEYS}
-    settings.update(given)
-    overrides = _merge_host_flags(overrides, a.host_delay, a.host_max)
-    budgets: dict[str, int] = dict(settings.pop("host_budgets", []))
-    for hk, _, n in _merge_host_flags([], [], a.host_budget, max_flag="--host-budget"):
-        if n is not None:
-            budgets[hk] = int(n)
-    pins_text = [str(x) for x in settings.pop("pins", [])]
-    pins_text += [str(x) for x in settings.pop("host_pins", [])] + list(a.pin)
-    try:
-        pins = tuple(parse_pin(x) for x in pins_text)
-    except PinError as exc:
-        raise UsageError(str(exc)) from None
-    if a.urls:
-        settings["seeds"] = list(a.urls)
-    if "db" not in settings:
-        raise UsageError('--db is required (or db = "PATH" in the config file)')
-    seeds = [str(u) for u in settings.pop("seeds", [])]
-    sitemaps = [str(u) for u in settings.pop("sitemaps", [])] + list(a.sitemap)
-    for u in seeds + sitemaps:
-        normalise(u)  # raises InvalidURL with the offending URL
-    if not seeds and not sitemaps and not os.path.exists(str(settings["db"])):
-        raise UsageError(
-            f"no seed URLs given and no crawl database at {settings['db']!r} to resume"
-        )
-    try:
-        allow = parse_allow_list([str(x) for x in settings.pop("allow_private", [])])
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if settings.get("parse_workers") is None:
-        settings["parse_workers"] = default_parse_workers()
-    cfg = CrawlConfig(
-        seeds=tuple(seeds),
-        sitemaps=tuple(sitemaps),
-        allow_private=allow,
-        host_overrides=tuple(overrides),
-        host_budgets=tuple(budgets.items()),
-        pins=pins,
-        **settings,
-    )
-    try:
-        cfg.validate()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return cfg
-
-
 def cmd_crawl(a: argparse.Namespace) -> int:
     from .engine import run_crawl
     from .progress import ProgressDisplay
 
-    cfg = crawl_config_from_args(a)
+    given = {k: v for k, v in vars(a).items() if k in FILE_KEYS}  # only flags typed (SUPPRESS)
+    if a.urls:
+        given["seeds"] = list(a.urls)
+    lists = FlagLists(
+        sitemaps=a.sitemap,
+        pins=a.pin,
+        host_delays=a.host_delay,
+        host_maxes=a.host_max,
+        host_budgets=a.host_budget,
+    )
+    cfg = layered_config(a.config, given, lists)
     # A live table on a terminal, JSON lines on stderr otherwise (or with --json), none --quiet.
     mode = "quiet" if a.quiet else ("json" if a.json else "auto")
     with ProgressDisplay(mode) as display:
@@ -660,52 +443,14 @@ def cmd_crawl(a: argparse.Namespace) -> int:
 
 def cmd_control(a: argparse.Namespace) -> int:
     """Live control through the frontier, so it reaches every process on every machine."""
-    from .config import host_keys_for
-    from .frontier.base import NewURL
-    from .url import host_key
-
-    action, args = a.action, list(a.args)
     f = _open_existing(a.db)
     try:
-        if action == "add":
-            if not args:
-                raise UsageError("control add needs at least one URL")
-            new = []
-            for raw in args:
-                u = normalise(raw)
-                new.append(NewURL(u, host_key(u), priority=1))
-            f.add_seeds([n.host_key for n in new])
-            n = f.add(new, time.time())
-            print(f"added {n} new URL(s) of {len(new)}")
-            return 0
-        wants_value = action in ("set-delay", "set-budget")
-        if action in ("pause", "resume") and not args:
-            f.control(action, None)
-            print(f"{action}d the whole crawl")
-            return 0
-        if len(args) != (2 if wants_value else 1):
-            shape = "HOST SECONDS" if action == "set-delay" else "HOST N" if wants_value else "HOST"
-            raise UsageError(f"control {action} takes {shape}")
-        try:
-            keys = host_keys_for(args[0])
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        value: Any = None
-        if wants_value:
-            try:
-                value = float(args[1]) if action == "set-delay" else int(args[1])
-            except ValueError:
-                raise UsageError(f"control {action}: {args[1]!r} is not a number") from None
-            if value < 0 or (action == "set-budget" and value < 1):
-                raise UsageError(f"control {action}: {args[1]!r} is out of range")
-        for hk in keys:
-            f.control(action, hk, value)
-        print(f"{action} {', '.join(keys)}" + ("" if value is None else f" = {value}"))
-        return 0
-    except ValueError as exc:
+        print(apply_control(f, parse_control(a.action, a.args)))
+    except ValueError as exc:  # a backend refusing the request: one line, like ours
         raise UsageError(str(exc)) from None
     finally:
         f.close()
+    return 0
 
 
 def _open_existing(db: str) -> Any:
@@ -823,45 +568,21 @@ def cmd_testsite(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from .engine import run_crawl
-    from .lab.testsite import ShopConfig, ShopServer, expected_products
+    from .lab.demo import run_demo
 
-    shop = ShopConfig(a.listings, a.per_page)
-    server = ShopServer(shop, port=a.port)
-    try:
-        server.start()
-    except (OSError, RuntimeError):
-        server = ShopServer(shop).start()
-    try:
-        print(f"test shop at {server.seed_url}; crawling into {a.db}", file=sys.stderr)
-        summary = run_crawl(
-            CrawlConfig(
-                db=a.db,
-                seeds=(server.seed_url,),
-                spider="idemcrawl.lab.testsite.shop_spider:ShopSpider",
-                concurrency=8,
-                host_concurrency=4,
-                delay=0.0,
-                allow_private=parse_allow_list(["127.0.0.1"]),
-            ),
-            handle_signals=True,
-        )
-        requests = server.stats()["total"]
-    finally:
-        server.stop()
-    f = _open_existing(a.db)
-    rows = list(f.records())
-    f.close()
-    expected = expected_products(shop)
-    correct = sum(1 for r in rows if json.loads(r["data"]).get("price") == expected.get(r["key"]))
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    result = run_demo(a.db, a.listings, a.per_page, a.port, log=say)
     print(f"{'key':<12} {'price':>9}  url")
-    for r in rows:
-        print(f"{r['key']:<12} {json.loads(r['data'])['price']:>9}  {r['url']}")
+    for r in result.records:
+        print(f"{r['key']:<12} {r['data']['price']:>9}  {r['url']}")
     print(
-        f"stored {len(rows)} records ({correct} equal to the pages, {len(expected)} products); "
-        f"{summary.fetched} fetches this run, {requests} requests seen by the site"
+        f"stored {len(result.records)} records ({result.correct} equal to the pages, "
+        f"{len(result.expected)} products); {result.fetched} fetches this run, "
+        f"{result.requests} requests seen by the site"
     )
-    return 0 if correct == len(expected) == len(rows) else 1
+    return 0 if result.ok else 1
 
 
 def cmd_chaos(a: argparse.Namespace) -> int:
@@ -972,7 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         FrontierError,
         ExportError,
         WebhookError,
-        ConfigFileError,
+        ConfigError,
+        ControlError,
         WarcError,
     ) as exc:
         print(f"idemcrawl {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)

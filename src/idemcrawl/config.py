@@ -1,13 +1,23 @@
-"""Every crawl setting in one place, with its default and why (cf. Scrapy's default_settings)."""
+"""Every crawl setting in one place, with its default and why (cf. Scrapy's default_settings).
+
+Also how a crawl's settings are put together from their three layers (built-in defaults, an
+optional TOML file, the flags given on the command line): :func:`layered_config`. The command
+line only collects what was typed; the rules about what wins and what is valid live here, so a
+program embedding the crawler gets the same answers and the same one-line errors.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from .fetch import IPNetwork
+from . import url as urls
+from .fetch import IPNetwork, parse_allow_list
 from .frontier.base import HostPolicy
-from .recrawl import RecrawlPolicy
+from .recrawl import PinError, RecrawlPolicy, parse_pin
 from .robots import RobotsCache, RobotsSettings
 from .traps import TrapLimits
 from .version import DEFAULT_USER_AGENT
@@ -218,7 +228,28 @@ class CrawlConfig:
         return self.db + ".warc"
 
 
-class ConfigFileError(ValueError):
+def default_of(name: str) -> Any:
+    """The built-in default of the :class:`CrawlConfig` setting ``name``.
+
+    Help texts and documentation read defaults through this instead of repeating them, so that
+    changing a default here changes everything that shows it.
+    """
+    f = _FIELDS[name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise KeyError(f"{name} has no default")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(CrawlConfig)}
+
+
+class ConfigError(ValueError):
+    """Settings that cannot be used; the one-line message names the flag or key at fault."""
+
+
+class ConfigFileError(ConfigError):
     """A config file that cannot be used; the message names the file, line and key."""
 
 
@@ -296,8 +327,6 @@ def _line_of(text: str, key: str) -> int | None:
 
 def host_keys_for(host: str) -> list[str]:
     """``scheme://host[:port]`` as given, or both schemes for a bare ``host[:port]``."""
-    from . import url as urls
-
     targets = [host] if "://" in host else [f"http://{host}", f"https://{host}"]
     try:
         return [urls.host_key(urls.normalise(t)) for t in targets]
@@ -315,8 +344,6 @@ def load_config_file(
     """
     import re
     import tomllib
-
-    from .recrawl import PinError, parse_pin
 
     try:
         with open(path, "rb") as fh:
@@ -399,3 +426,109 @@ def load_config_file(
                     raise ConfigFileError(f"{where(key)}: {exc}") from None
         settings[key] = value
     return settings, overrides
+
+
+@dataclass(frozen=True)
+class FlagLists:
+    """Repeatable flags, which add to what the config file says instead of replacing it.
+
+    Each item is the flag's text as typed: ``sitemaps`` URLs, ``pins`` ``REGEX=SECONDS``,
+    ``host_delays`` ``HOST=SECONDS``, ``host_maxes`` and ``host_budgets`` ``HOST=N``; a per-host
+    flag beats the file's ``[hosts."HOST"]`` table for that host.
+    """
+
+    sitemaps: Sequence[str] = ()
+    pins: Sequence[str] = ()
+    host_delays: Sequence[str] = ()
+    host_maxes: Sequence[str] = ()
+    host_budgets: Sequence[str] = ()
+
+
+def layered_config(
+    path: str | None, given: Mapping[str, Any], lists: FlagLists | None = None
+) -> CrawlConfig:
+    """Defaults, then the config file at ``path``, then the settings ``given`` on the command line.
+
+    ``given`` holds only flags the user actually typed, under their :data:`FILE_KEYS` names
+    (``seeds`` for seed URLs); each replaces the file's value. Returns a validated config, or
+    raises :class:`ConfigError` (or :class:`~idemcrawl.url.InvalidURL` for a bad seed or sitemap
+    URL) with a one-line message naming the flag or key, before anything touches the network
+    or the database.
+    """
+    lists = lists or FlagLists()
+    unknown = sorted(set(given) - set(FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+    settings: dict[str, Any] = {}
+    overrides: list[tuple[str, float | None, int | None]] = []
+    if path:
+        settings, overrides = load_config_file(path)
+    settings.update(given)
+    table: dict[str, list[Any]] = {h: [d, m] for h, d, m in overrides}
+    for slot, flag, items in (
+        (0, "--host-delay", lists.host_delays),
+        (1, "--host-max", lists.host_maxes),
+    ):
+        for item in items:
+            keys, number = parse_host_flag(flag, item, integer=slot == 1)
+            for hk in keys:
+                table.setdefault(hk, [None, None])[slot] = number
+    budgets: dict[str, int] = dict(settings.pop("host_budgets", []))
+    for item in lists.host_budgets:
+        keys, n = parse_host_flag("--host-budget", item, integer=True)
+        budgets.update(dict.fromkeys(keys, int(n)))
+    pins_text = [str(x) for x in [*settings.pop("pins", []), *settings.pop("host_pins", [])]]
+    try:
+        pins = tuple(parse_pin(x) for x in [*pins_text, *lists.pins])
+    except PinError as exc:
+        raise ConfigError(str(exc)) from None
+    if "db" not in settings:
+        raise ConfigError('--db is required (or db = "PATH" in the config file)')
+    seeds = [str(u) for u in settings.pop("seeds", [])]
+    sitemaps = [str(u) for u in [*settings.pop("sitemaps", []), *lists.sitemaps]]
+    for u in seeds + sitemaps:
+        urls.normalise(u)  # raises InvalidURL naming the offending URL
+    if not seeds and not sitemaps and not os.path.exists(str(settings["db"])):
+        raise ConfigError(
+            f"no seed URLs given and no crawl database at {settings['db']!r} to resume"
+        )
+    try:
+        allow = parse_allow_list([str(x) for x in settings.pop("allow_private", [])])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    cfg = CrawlConfig(
+        seeds=tuple(seeds),
+        sitemaps=tuple(sitemaps),
+        allow_private=allow,
+        host_overrides=tuple((h, v[0], v[1]) for h, v in table.items()),
+        host_budgets=tuple(budgets.items()),
+        pins=pins,
+        **settings,
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return cfg
+
+
+def parse_host_flag(flag: str, item: str, *, integer: bool) -> tuple[list[str], float | int]:
+    """``HOST=VALUE`` of a per-host flag → (the host keys it names, the value).
+
+    A bare ``host[:port]`` names both its http and https host keys. Delays must be >= 0,
+    counts (``integer``) >= 1.
+    """
+    host, sep, value = item.rpartition("=")
+    if not sep or not host:
+        raise ConfigError(f"{flag} takes HOST=VALUE, got {item!r}")
+    try:
+        number: float | int = int(value) if integer else float(value)
+    except ValueError:
+        raise ConfigError(f"{flag} {item!r}: {value!r} is not a number") from None
+    if number < 0 or (integer and number < 1):
+        raise ConfigError(f"{flag} {item!r}: value out of range")
+    try:
+        keys = host_keys_for(host)
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {item!r}: {exc}") from None
+    return keys, number
