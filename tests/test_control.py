@@ -1,5 +1,6 @@
 """Live control (issue 9): pause/resume/set-delay reach three running crawl processes through
-the frontier, checked against the server's own request log."""
+the frontier, checked against the server's own request log; and the library behind the command
+(``idemcrawl.control``): what it refuses, in which words, and what it writes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from idemcrawl.control import ACTIONS, ControlError, ControlRequest, apply_control, parse_control
+from idemcrawl.frontier import SQLiteFrontier
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
+from idemcrawl.url import InvalidURL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,3 +123,67 @@ def test_control_errors_are_clear(tmp_path: Path) -> None:
     ok = _cli("control", "--db", db, "add", "http://127.0.0.1:9/new")
     assert ok.returncode == 0 and "added 1" in ok.stdout
 
+
+# -- the library side: parse_control / apply_control --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("action", "args", "message"),
+    [
+        ("set-delay", ["a.example"], "control set-delay takes HOST SECONDS"),
+        ("set-budget", ["a.example", "1", "2"], "control set-budget takes HOST N"),
+        ("block", [], "control block takes HOST"),
+        ("pause", ["a.example", "b.example"], "control pause takes HOST"),
+        ("set-delay", ["a.example", "x"], "control set-delay: 'x' is not a number"),
+        ("set-budget", ["a.example", "1.5"], "control set-budget: '1.5' is not a number"),
+        ("set-delay", ["a.example", "-1"], "control set-delay: '-1' is out of range"),
+        ("set-delay", ["a.example", "nan"], "control set-delay: 'nan' is out of range"),
+        ("set-budget", ["a.example", "0"], "control set-budget: '0' is out of range"),
+        ("add", [], "control add needs at least one URL"),
+        ("block", ["a b"], "bad host 'a b'"),
+        ("shout", [], "unknown control action 'shout'"),
+    ],
+)
+def test_parse_control_refuses_with_one_line(action: str, args: list[str], message: str) -> None:
+    with pytest.raises(ControlError) as exc:
+        parse_control(action, args)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_parse_control_requests() -> None:
+    assert parse_control("pause", []) == ControlRequest("pause")
+    assert parse_control("block", ["a.example:8080"]) == ControlRequest(
+        "block", ("http://a.example:8080", "https://a.example:8080")
+    )
+    assert parse_control("set-delay", ["https://A.example", "0.5"]) == ControlRequest(
+        "set-delay", ("https://a.example",), 0.5
+    )
+    assert parse_control("set-budget", ["http://a.example", "10"]).value == 10
+    add = parse_control("add", ["HTTP://A.example/x#frag", "http://b.example"])
+    assert add.urls == ("http://a.example/x", "http://b.example/")
+    with pytest.raises(InvalidURL):
+        parse_control("add", ["not a url"])
+    assert set(ACTIONS) == {"pause", "resume", "block", "unblock", "set-delay", "set-budget", "add"}
+
+
+def test_apply_control_writes_the_database(tmp_path: Path) -> None:
+    f = SQLiteFrontier(str(tmp_path / "c.db"))
+    try:
+        assert apply_control(f, parse_control("add", ["http://a.example/1"]), now=1.0) == (
+            "added 1 new URL(s) of 1"
+        )
+        again = parse_control("add", ["http://a.example/1", "http://a.example/2"])
+        assert apply_control(f, again, now=2.0) == "added 1 new URL(s) of 2"
+        line = apply_control(f, parse_control("set-delay", ["http://a.example", "2.5"]))
+        assert line == "set-delay http://a.example = 2.5"
+        assert apply_control(f, parse_control("pause", ["http://a.example"])) == (
+            "pause http://a.example"
+        )
+        host = f.host_row("http://a.example")
+        assert host is not None and host["delay"] == 2.5 and host["paused"] == 1
+        assert apply_control(f, parse_control("pause", [])) == "paused the whole crawl"
+        assert f.stats().meta.get("paused") == "1"
+        assert apply_control(f, parse_control("resume", [])) == "resumed the whole crawl"
+        assert f.stats().meta.get("paused") == "0"
+    finally:
+        f.close()

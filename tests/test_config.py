@@ -1,0 +1,211 @@
+"""Config layering (defaults < config file < flags given), its one-line errors, and the help
+texts that read every default from CrawlConfig instead of repeating it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from idemcrawl import cli
+from idemcrawl.config import (
+    FILE_KEYS,
+    ConfigError,
+    ConfigFileError,
+    CrawlConfig,
+    FlagLists,
+    default_of,
+    layered_config,
+    parse_host_flag,
+)
+from idemcrawl.url import InvalidURL
+from idemcrawl.version import DEFAULT_USER_AGENT
+
+SEED = "http://127.0.0.1:9/"
+
+
+def _toml(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "crawl.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_then_file_then_flags(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        f'db = "{tmp_path / "file.db"}"\nseeds = ["{SEED}"]\nconcurrency = 3\ndelay = 0.5\n'
+        'scope = "domain"\n',
+    )
+    cfg = layered_config(path, {"concurrency": 7, "db": str(tmp_path / "flag.db")})
+    assert cfg.concurrency == 7  # the flag beats the file
+    assert cfg.delay == 0.5  # the file beats the default
+    assert cfg.scope == "domain"
+    assert cfg.db == str(tmp_path / "flag.db")
+    assert cfg.seeds == (SEED,)
+    assert cfg.host_concurrency == default_of("host_concurrency")  # neither: the default
+    assert cfg.user_agent == DEFAULT_USER_AGENT
+
+
+def test_seed_flags_replace_file_seeds_and_sitemaps_add(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        f'db = "{tmp_path / "c.db"}"\nseeds = ["http://a.example/"]\n'
+        'sitemaps = ["http://a.example/sitemap.xml"]\n',
+    )
+    cfg = layered_config(
+        path,
+        {"seeds": ["http://b.example/"]},
+        FlagLists(sitemaps=["http://b.example/s.xml"]),
+    )
+    assert cfg.seeds == ("http://b.example/",)
+    assert cfg.sitemaps == ("http://a.example/sitemap.xml", "http://b.example/s.xml")
+
+
+def test_host_flags_beat_the_file_per_host(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        f'db = "{tmp_path / "c.db"}"\nseeds = ["{SEED}"]\n'
+        '[hosts."http://a.example"]\ndelay = 2\nconcurrency = 3\nbudget = 50\n',
+    )
+    cfg = layered_config(
+        path,
+        {},
+        FlagLists(
+            host_maxes=["http://a.example=5"],
+            host_delays=["b.example=0.25"],
+            host_budgets=["http://a.example=9"],
+        ),
+    )
+    overrides = {h: (d, m) for h, d, m in cfg.host_overrides}
+    assert overrides["http://a.example"] == (2.0, 5)  # file delay kept, flag max wins
+    # a bare host names both schemes
+    assert overrides["http://b.example"] == (0.25, None)
+    assert overrides["https://b.example"] == (0.25, None)
+    assert dict(cfg.host_budgets) == {"http://a.example": 9}
+
+
+def test_pins_from_file_hosts_and_flags(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        f'db = "{tmp_path / "c.db"}"\nseeds = ["{SEED}"]\npins = ["/news=60"]\n'
+        '[hosts."http://a.example"]\nrecrawl_interval = 120\n',
+    )
+    cfg = layered_config(path, {}, FlagLists(pins=["/live=5"]))
+    assert cfg.pins == (("/news", 60.0), (r"^http://a\.example/", 120.0), ("/live", 5.0))
+
+
+def test_no_config_file_flags_only(tmp_path: Path) -> None:
+    cfg = layered_config(None, {"db": str(tmp_path / "c.db"), "seeds": [SEED], "warc": False})
+    assert cfg.warc is False and cfg.seeds == (SEED,)
+    assert cfg.parse_workers == default_of("parse_workers")
+
+
+@pytest.mark.parametrize(
+    ("given", "lists", "needle"),
+    [
+        ({"seeds": [SEED]}, FlagLists(), "--db is required"),
+        ({"db": "DB"}, FlagLists(host_delays=["nonsense"]), "--host-delay takes HOST=VALUE"),
+        ({"db": "DB"}, FlagLists(host_maxes=["a.example=x"]), "--host-max 'a.example=x': 'x'"),
+        ({"db": "DB"}, FlagLists(host_maxes=["a.example=0"]), "value out of range"),
+        ({"db": "DB"}, FlagLists(host_budgets=["a b=3"]), "--host-budget 'a b=3': bad host"),
+        ({"db": "DB"}, FlagLists(pins=["(oops=5"]), "pin '(oops=5': bad regular expression"),
+        ({"db": "DB", "seeds": [SEED], "allow_private": ["nope"]}, FlagLists(), "'nope'"),
+        ({"db": "DB", "seeds": [SEED], "commit_seconds": 5}, FlagLists(), "--commit-seconds"),
+        ({"db": "DB", "concurrency": 0, "seeds": [SEED]}, FlagLists(), "--concurrency must"),
+        ({"db": "DB", "speed": 3}, FlagLists(), "unknown setting(s): speed"),
+    ],
+)
+def test_errors_are_one_line_and_name_the_flag(
+    tmp_path: Path, given: dict[str, object], lists: FlagLists, needle: str
+) -> None:
+    if given.get("db") == "DB":
+        given = {**given, "db": str(tmp_path / "c.db")}
+    with pytest.raises(ConfigError) as exc:
+        layered_config(None, given, lists)
+    message = str(exc.value)
+    assert needle in message and "\n" not in message, message
+
+
+def test_resume_needs_an_existing_database(tmp_path: Path) -> None:
+    missing = str(tmp_path / "none.db")
+    with pytest.raises(ConfigError, match="no seed URLs given and no crawl database"):
+        layered_config(None, {"db": missing})
+    Path(missing).touch()
+    assert layered_config(None, {"db": missing}).seeds == ()
+
+
+def test_bad_seed_url_names_it(tmp_path: Path) -> None:
+    with pytest.raises(InvalidURL, match="mailto"):
+        layered_config(None, {"db": str(tmp_path / "c.db"), "seeds": ["mailto:a@b.c"]})
+
+
+def test_config_file_errors_are_config_errors(tmp_path: Path) -> None:
+    path = _toml(tmp_path, "concurrency = 4\n\ndelay_seconds = 2\n")
+    with pytest.raises(ConfigFileError, match=r"crawl\.toml:3: unknown key 'delay_seconds'"):
+        layered_config(path, {"db": str(tmp_path / "c.db"), "seeds": [SEED]})
+    assert issubclass(ConfigFileError, ConfigError)
+
+
+def test_parse_host_flag() -> None:
+    assert parse_host_flag("--host-delay", "a.example:8080=1.5", integer=False) == (
+        ["http://a.example:8080", "https://a.example:8080"],
+        1.5,
+    )
+    assert parse_host_flag("--host-max", "https://a.example=2", integer=True) == (
+        ["https://a.example"],
+        2,
+    )
+    with pytest.raises(ConfigError, match=r"--host-max 'a=1\.5': '1\.5' is not a number"):
+        parse_host_flag("--host-max", "a=1.5", integer=True)
+    with pytest.raises(ConfigError, match="value out of range"):
+        parse_host_flag("--host-delay", "a=-1", integer=False)
+
+
+def test_every_file_key_is_a_setting() -> None:
+    fields = {f.name for f in dataclasses.fields(CrawlConfig)}
+    assert set(FILE_KEYS) <= fields
+
+
+def test_default_of_reads_crawl_config() -> None:
+    assert default_of("concurrency") == CrawlConfig(db="x").concurrency
+    assert default_of("parse_workers") == CrawlConfig(db="x").parse_workers  # a factory
+    with pytest.raises(KeyError):
+        default_of("db")
+
+
+def _crawl_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["crawl"]
+
+
+def _crawl_help() -> str:
+    return " ".join(_crawl_parser().format_help().split())
+
+
+def test_crawl_help_shows_crawl_config_defaults() -> None:
+    checked = 0
+    for action in _crawl_parser()._actions:
+        m = re.search(r"\(default ([^;):]+)[;)]", action.help or "")
+        if m is None or action.dest not in FILE_KEYS:
+            continue
+        shown, default = m.group(1), default_of(action.dest)
+        if isinstance(default, str):
+            assert shown == default, action.dest
+        elif shown.endswith("MiB"):
+            assert int(shown.removesuffix(" MiB")) << 20 == default, action.dest
+        else:
+            assert float(shown) == default, action.dest
+        checked += 1
+    assert checked >= 25, checked  # every numeric setting whose help shows a default
+
+
+def test_a_changed_default_changes_the_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "(default 16)" in _crawl_help()
+    real = cli.default_of
+    monkeypatch.setattr(cli, "default_of", lambda n: 5 if n == "concurrency" else real(n))
+    text = _crawl_help()
+    assert "requests in flight across all hosts (default 5)" in text
+    assert "(default 16)" not in text
