@@ -20,6 +20,7 @@ from .export import ExportError
 from .frontier import FrontierError, open_frontier
 from .lab import commands as lab_commands
 from .parse import SpiderLoadError
+from .preflight import refused_seeds
 from .status import status_dict, status_lines
 from .url import InvalidURL
 from .version import __version__
@@ -278,6 +279,9 @@ def cmd_crawl(a: argparse.Namespace) -> int:
         host_budgets=a.host_budget,
     )
     cfg = layered_config(a.config, given, lists)
+    refused = refused_seeds((*cfg.seeds, *cfg.sitemaps), cfg.allow_private)
+    if refused:  # a setting, not a failure to remember: nothing is written (R18, #18)
+        raise UsageError("; ".join(r.message() for r in refused))
     # A live table on a terminal, JSON lines on stderr otherwise (or with --json), none --quiet.
     mode = "quiet" if a.quiet else ("json" if a.json else "auto")
     with ProgressDisplay(mode) as display:
