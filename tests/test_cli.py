@@ -15,12 +15,7 @@ from idemcrawl.cli import COMMANDS, main
 from idemcrawl.lab.testsite import ShopServer, expected_products
 
 from .conftest import SHOP_SPIDER
-
-
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "idemcrawl", *args], capture_output=True, text=True, timeout=timeout
-    )
+from .helpers import run_cli
 
 
 @pytest.mark.parametrize("command", [*sorted(COMMANDS), "sim"])

@@ -12,17 +12,9 @@ from pathlib import Path
 
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
+from .helpers import run_cli as _cli
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "idemcrawl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
 
 
 def _starts(site: MultiHostServer, host: str, after: float) -> list[float]:

@@ -15,7 +15,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -39,6 +38,8 @@ from idemcrawl.events import (
 from idemcrawl.frontier.base import Completion, HostPolicy, NewURL, RecordWrite
 from idemcrawl.frontier.sqlite import SQLiteFrontier
 from idemcrawl.lab.testsite.server import AppServer
+
+from .helpers import run_python, spawn_python
 
 T0 = 1_000_000.0
 FAST = HostPolicy(max_in_flight=64, delay=0.0)
@@ -341,19 +342,14 @@ class Receiver:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, *, hang_after: int = 0) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                RECEIVER,
-                str(self.port),
-                str(self.state),
-                str(self.fail_first),
-                str(hang_after),
-                str(self.release),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+        self.proc = spawn_python(
+            RECEIVER,
+            str(self.port),
+            str(self.state),
+            str(self.fail_first),
+            str(hang_after),
+            str(self.release),
+            stderr=None,
         )
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
@@ -433,14 +429,15 @@ def test_deliverer_killed_mid_delivery_resumes_from_its_cursor(
     receiver_ = Receiver(tmp_path)
     receiver_.start(hang_after=8)  # holds back the answer to the 8th event
     try:
-        cmd = [sys.executable, "-c", DELIVERER, str(tmp_path / "crawl.db"), receiver_.url]
-        first = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        args = (str(tmp_path / "crawl.db"), receiver_.url)
+        first = spawn_python(DELIVERER, *args, stderr=None)
         receiver_.wait_processed(8)
         assert db.get_cursor("webhook") == events[6]["event_id"]  # acknowledged: 7 events
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         receiver_.release.touch()
-        second = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=60, check=True)
+        second = run_python(DELIVERER, *args)
+        assert second.returncode == 0, second.stderr
     finally:
         receiver_.kill()
     stats = json.loads(second.stdout)

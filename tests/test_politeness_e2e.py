@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,13 +13,11 @@ from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 from .conftest import crawl_config
+from .helpers import DEVNULL, spawn_cli
 
 
-def _crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "idemcrawl",
+def _crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[str]:
+    return spawn_cli(
         "crawl",
         *seeds,
         "--db",
@@ -28,9 +25,8 @@ def _crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[bytes]:
         "--config",
         str(cfg),
         "--quiet",
-    ]
-    return subprocess.Popen(
-        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        new_session=True,
+        stdout=DEVNULL,
     )
 
 
@@ -63,7 +59,7 @@ def test_three_processes_with_kills_never_break_any_host_allowance(tmp_path: Pat
         procs[:2] = [_crawl(site.seed_urls, db, cfg) for _ in range(2)]
         for p in procs:
             _, err = p.communicate(timeout=90)
-            assert p.returncode == 0, err.decode()
+            assert p.returncode == 0, err
         log = site.request_log()
         disallowed = site.disallowed_prefixes()
         robots_only = site.robots_only_hosts()

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from idemcrawl.lab.testsite.hostile import CHAIN_HOPS, HostileSite
 from idemcrawl.warc import verify_directory
 
 from .conftest import crawl_config
+from .helpers import spawn_python
 
 
 class NoLinks(Spider):
@@ -132,12 +130,8 @@ def _peak_rss_mb(pid: int) -> float:
 def test_hostile_site_is_crawled_with_every_cut_recorded(tmp_path: Path) -> None:
     db = tmp_path / "h.db"
     with HostileSite(trickle_interval=0.5) as site:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _CRAWL_HOSTILE, str(db), site.seed_url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        proc = spawn_python(
+            _CRAWL_HOSTILE, str(db), site.seed_url, env={"PYTHONUNBUFFERED": "1"}
         )
         peak = 0.0
         deadline = time.monotonic() + 90
