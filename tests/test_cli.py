@@ -86,6 +86,7 @@ def test_bad_flag_values(tmp_path: Path) -> None:
     assert res.returncode == 2 and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_crawl_status_export_roundtrip(shop: ShopServer, tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
     res = run_cli(
@@ -160,6 +161,7 @@ def test_testsite_serves_and_stops() -> None:
         assert proc.wait(10) == 0
 
 
+@pytest.mark.slow
 def test_chaos_small_run_passes() -> None:
     res = run_cli(
         "chaos",
@@ -188,6 +190,7 @@ def test_chaos_small_run_passes() -> None:
     assert naive["crawler"] == "naive" and naive["distinct"] <= 30
 
 
+@pytest.mark.slow
 def test_config_file_errors_name_key_and_line(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text("concurrency = 4\n\ndelay_seconds = 2\n")

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 from .helpers import run_cli as _cli
@@ -22,6 +24,7 @@ def _starts(site: MultiHostServer, host: str, after: float) -> list[float]:
     return sorted(e["start"] for e in log if e["host"] == host and e["start"] > after)
 
 
+@pytest.mark.slow
 def test_pause_resume_and_set_delay_across_three_processes(tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
     specs = [HostSpec("a", pages=2000, latency_ms=20), HostSpec("b", pages=2000, latency_ms=20)]
@@ -90,6 +93,7 @@ def test_pause_resume_and_set_delay_across_three_processes(tmp_path: Path) -> No
                     p.kill()
 
 
+@pytest.mark.slow
 def test_control_errors_are_clear(tmp_path: Path) -> None:
     missing = _cli("control", "--db", str(tmp_path / "none.db"), "pause")
     assert missing.returncode == 2 and "no crawl database" in missing.stderr

@@ -9,6 +9,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from idemcrawl.lab.chaos import idem_crawl_command
 from idemcrawl.lab.testsite import ShopConfig, ShopServer, expected_products
 
@@ -53,6 +55,7 @@ def _leased(db: Path) -> int:
         con.close()
 
 
+@pytest.mark.slow
 def test_sigkill_and_restart_with_other_concurrency(tmp_path: Path) -> None:
     cfg = ShopConfig(listings=6, per_page=10, latency_ms=40)
     db = tmp_path / "kill.db"

@@ -9,6 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
@@ -23,6 +24,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_live_progress_and_metrics_during_a_crawl(tmp_path: Path) -> None:
     specs = [
         HostSpec("a", pages=40, latency_ms=30, status_pages=True),

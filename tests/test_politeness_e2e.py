@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from idemcrawl.engine import run_crawl
 from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
@@ -30,6 +32,7 @@ def _crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 def test_three_processes_with_kills_never_break_any_host_allowance(tmp_path: Path) -> None:
     specs = [
         HostSpec("a", pages=14),
@@ -81,6 +84,7 @@ def test_three_processes_with_kills_never_break_any_host_allowance(tmp_path: Pat
     assert sum(1 for e in log if e["host"] == d) == 2  # robots.txt tried twice, then deferred
 
 
+@pytest.mark.slow
 def test_retry_after_spaces_the_next_request(tmp_path: Path) -> None:
     spec = HostSpec("a", pages=3, status_pages=True)
     with MultiHostServer([spec]) as site:

@@ -8,6 +8,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from idemcrawl import Spider
 from idemcrawl.engine import Engine, run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
@@ -48,6 +50,7 @@ def _run_for(cfg: object, seconds: float) -> object:
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_recrawl_sends_conditional_requests_and_indexes_only_changes(tmp_path: Path) -> None:
     clock = FakeClock()
     with HostileSite(period=100, changing=3, static=3, clock=clock) as site:
@@ -127,6 +130,7 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_hostile_site_is_crawled_with_every_cut_recorded(tmp_path: Path) -> None:
     db = tmp_path / "h.db"
     with HostileSite(trickle_interval=0.5) as site:

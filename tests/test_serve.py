@@ -267,6 +267,7 @@ def dashboard_proc(tmp_path: Path) -> Iterator[Callable[[str], tuple[str, subpro
             p.wait()
 
 
+@pytest.mark.browser
 def test_dashboard_in_headless_chromium_matches_status(
     tmp_path: Path, dashboard_proc: Callable[[str], tuple[str, subprocess.Popen[str]]]
 ) -> None:

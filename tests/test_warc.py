@@ -545,6 +545,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_sigkill_mid_write_leaves_readable_files(tmp_path: Path) -> None:
     """A real SIGKILL during a (slow, short-writing) append: the next open cuts the torn
     exchange, every pointer the writer returned still reads back, and all files verify."""

@@ -222,6 +222,7 @@ def test_missing_scrapy_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -
     assert "| scrapy | scrapy not installed" in report.text()
 
 
+@pytest.mark.slow
 def test_run_bench_tiny_site() -> None:
     compare = ("bare", "scrapy") if bench.scrapy_available() else ("bare",)
     opts = BenchOptions(

@@ -275,6 +275,7 @@ def test_big_page_is_exactly_its_size_when_read_whole() -> None:
     assert res.body.endswith(b"</body></html>\n")
 
 
+@pytest.mark.slow
 def test_trickle_is_cut_at_the_total_timeout(site: HostileSite) -> None:
     t0 = time.monotonic()
     res = fetch(site, "/trickle.html", total_timeout=1.5)

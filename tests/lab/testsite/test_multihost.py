@@ -146,6 +146,7 @@ def test_robots_redirect_loop_exceeds_five_hops_and_cycles(site: MultiHostServer
     assert get(url(site, "rules", "/r1"), follow=False)[0] == 404
 
 
+@pytest.mark.slow
 def test_hang_does_not_block_other_hosts(site: MultiHostServer) -> None:
     hang_url = url(site, "hang", "/robots.txt")
     hang_base = site.base_url_for("hang")
