@@ -7,7 +7,7 @@ drive), and :func:`run_python` / :func:`spawn_python` for a ``python -c`` script
 * the interpreter running the tests (``sys.executable``), so the child has the same packages;
 * an environment in which the child imports the same ``idemcrawl`` as this process and the
   ``tests`` package (spiders named ``tests.test_x:Spider``), whatever its working directory:
-  both roots go first on ``PYTHONPATH`` (see :func:`child_env`);
+  the roots they come from go first on ``PYTHONPATH`` (see :func:`child_env`);
 * the repository root as the default working directory, so relative paths in a test mean
   the same thing however pytest was started;
 * text mode (``str`` output), and a timeout on every wait.
@@ -19,6 +19,7 @@ tool's crawl command, a benchmark script).
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -29,8 +30,26 @@ import idemcrawl
 
 #: The repository root: the default working directory and the home of the ``tests`` package.
 ROOT = Path(__file__).resolve().parent.parent
-#: Where the ``idemcrawl`` this process imported lives (``src/`` in a checkout).
+#: Where the ``idemcrawl`` this process imported lives: ``src/`` for an editable install or a
+#: ``PYTHONPATH=src`` run, the environment's site-packages for a regular install (CI).
 PACKAGE_ROOT = Path(idemcrawl.__file__).resolve().parent.parent
+
+
+def _import_roots() -> list[str]:
+    """What a child needs on PYTHONPATH to import what this process imports.
+
+    site-packages is left out: every child of this interpreter has it already, and putting it
+    ahead of the standard library (where PYTHONPATH goes) could shadow stdlib modules.
+    """
+    installed = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    roots = [ROOT]
+    if PACKAGE_ROOT not in installed and PACKAGE_ROOT != ROOT:
+        roots.append(PACKAGE_ROOT)
+    return [str(r) for r in roots]
+
+
+#: The directories :func:`child_env` puts first on a child's PYTHONPATH, in order.
+IMPORT_ROOTS = _import_roots()
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -51,16 +70,16 @@ def python_command(code: str, *args: str) -> list[str]:
 
 
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment plus ``env``, with both import roots first on PYTHONPATH.
+    """This process's environment plus ``env``, with :data:`IMPORT_ROOTS` first on PYTHONPATH.
 
     Without it a child started outside the repository root could not import ``tests.…``
     spiders, and one started without an installed package (``PYTHONPATH=src pytest``) could
     not import ``idemcrawl`` at all; with it the child imports exactly what the test does.
     """
     merged = {**os.environ, **(env or {})}
-    roots = [str(ROOT), str(PACKAGE_ROOT)]
-    rest = [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p and p not in roots]
-    merged["PYTHONPATH"] = os.pathsep.join([*dict.fromkeys(roots), *rest])
+    given = merged.get("PYTHONPATH", "").split(os.pathsep)
+    rest = [p for p in given if p and p not in IMPORT_ROOTS]
+    merged["PYTHONPATH"] = os.pathsep.join([*IMPORT_ROOTS, *rest])
     return merged
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from .helpers import (
     DEVNULL,
+    IMPORT_ROOTS,
     PACKAGE_ROOT,
     ROOT,
     child_env,
@@ -19,12 +20,14 @@ from .helpers import (
 )
 
 
-def test_child_env_puts_both_import_roots_first_and_keeps_the_rest(
+def test_child_env_puts_the_import_roots_first_and_keeps_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    assert IMPORT_ROOTS[0] == str(ROOT)
+    assert all("site-packages" not in Path(r).parts for r in IMPORT_ROOTS)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", str(ROOT)]))
     env = child_env({"EXTRA": "1"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(PACKAGE_ROOT), "/elsewhere"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [*IMPORT_ROOTS, "/elsewhere"]
     assert env["EXTRA"] == "1" and env["PATH"] == os.environ["PATH"]
 
 
