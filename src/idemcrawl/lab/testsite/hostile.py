@@ -501,7 +501,7 @@ class HostileSite(ThreadedServer):
         r.add_post("/__reset", self._reset)
         return app
 
-    # -- serving ----------------------------------------------------------------------------
+    # -- serving ------------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
         return self.app()
