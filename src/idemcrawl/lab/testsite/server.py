@@ -156,7 +156,8 @@ class ThreadedServer:
         """Bind and start everything this server serves; returns the runners to clean up.
 
         Runs on the server loop. The default serves :meth:`make_app` on ``host:port``;
-        overrides record each bound port with :meth:`_bound`.
+        overrides record each bound port with :meth:`_bound` and, if they fail part-way,
+        clean up what they started before raising (:func:`start_app` and :func:`cleanup`).
         """
         app = self.make_app()
         sock = bind(self.host, self._requested_port)
