@@ -15,12 +15,7 @@ from idemcrawl.cli import COMMANDS, main
 from idemcrawl.lab.testsite import ShopServer, expected_products
 
 from .conftest import SHOP_SPIDER
-
-
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "idemcrawl", *args], capture_output=True, text=True, timeout=timeout
-    )
+from .helpers import run_cli
 
 
 @pytest.mark.parametrize("command", [*sorted(COMMANDS), "sim"])
@@ -91,6 +86,7 @@ def test_bad_flag_values(tmp_path: Path) -> None:
     assert res.returncode == 2 and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_crawl_status_export_roundtrip(shop: ShopServer, tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
     res = run_cli(
@@ -167,6 +163,7 @@ def test_testsite_serves_and_stops() -> None:
         assert proc.wait(10) == 0
 
 
+@pytest.mark.slow
 def test_chaos_small_run_passes() -> None:
     res = run_cli(
         "chaos",
@@ -195,6 +192,7 @@ def test_chaos_small_run_passes() -> None:
     assert naive["crawler"] == "naive" and naive["distinct"] <= 30
 
 
+@pytest.mark.slow
 def test_config_file_errors_name_key_and_line(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text("concurrency = 4\n\ndelay_seconds = 2\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 from idemcrawl.lab.testsite import ShopServer, expected_products
 
 from .conftest import SHOP_SPIDER
-from .test_cli import run_cli
+from .helpers import run_cli
 
 
 def test_loopback_seed_without_the_flag_then_with_it(shop: ShopServer, tmp_path: Path) -> None:

@@ -18,17 +18,9 @@ from idemcrawl.frontier import SQLiteFrontier
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 from idemcrawl.url import InvalidURL
 
+from .helpers import run_cli as _cli
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "idemcrawl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
 
 
 def _starts(site: MultiHostServer, host: str, after: float) -> list[float]:
@@ -36,6 +28,7 @@ def _starts(site: MultiHostServer, host: str, after: float) -> list[float]:
     return sorted(e["start"] for e in log if e["host"] == host and e["start"] > after)
 
 
+@pytest.mark.slow
 def test_pause_resume_and_set_delay_across_three_processes(tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
     specs = [HostSpec("a", pages=2000, latency_ms=20), HostSpec("b", pages=2000, latency_ms=20)]
@@ -104,6 +97,7 @@ def test_pause_resume_and_set_delay_across_three_processes(tmp_path: Path) -> No
                     p.kill()
 
 
+@pytest.mark.slow
 def test_control_errors_are_clear(tmp_path: Path) -> None:
     missing = _cli("control", "--db", str(tmp_path / "none.db"), "pause")
     assert missing.returncode == 2 and "no crawl database" in missing.stderr

@@ -73,6 +73,7 @@ def test_politeness_delay_between_request_starts(tmp_path: Path) -> None:
     assert min(gaps) >= 0.19, gaps
 
 
+@pytest.mark.slow
 def test_host_concurrency_is_never_exceeded(tmp_path: Path) -> None:
     with ShopServer(ShopConfig(listings=3, per_page=10, latency_ms=30)) as server:
         cfg = crawl_config(tmp_path / "c.db", server.seed_url, concurrency=16, host_concurrency=2)
@@ -156,6 +157,7 @@ def test_dead_local_owner_leases_are_reclaimed_at_once(shop: ShopServer, tmp_pat
     del lease
 
 
+@pytest.mark.slow
 def test_foreign_lease_is_waited_for_until_expiry(shop: ShopServer, tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     f = SQLiteFrontier(str(db))

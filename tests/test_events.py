@@ -15,17 +15,16 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from idemcrawl.events import (
     DeliveryStats,
@@ -38,6 +37,9 @@ from idemcrawl.events import (
 )
 from idemcrawl.frontier.base import Completion, HostPolicy, NewURL, RecordWrite
 from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.lab.testsite.server import AppServer
+
+from .helpers import run_python, spawn_python
 
 T0 = 1_000_000.0
 FAST = HostPolicy(max_in_flight=64, delay=0.0)
@@ -138,31 +140,20 @@ def receiver(respond: Responder) -> Iterator[tuple[str, list[tuple[dict[str, str
     """An HTTP server on 127.0.0.1 answering POSTs with ``respond``; yields (url, requests)."""
     seen: list[tuple[dict[str, str], bytes]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = dict(request.headers.items())
+        seen.append((headers, body))
+        status, extra = respond(len(seen), headers, body)
+        return web.Response(status=status, headers=extra)
 
-        def log_message(self, *args: Any) -> None:
-            pass
+    def app() -> web.Application:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", handle)
+        return app
 
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            headers = dict(self.headers.items())
-            seen.append((headers, body))
-            status, extra = respond(len(seen), headers, body)
-            self.send_response(status)
-            for k, v in {**extra, "Content-Length": "0"}.items():
-                self.send_header(k, v)
-            self.end_headers()
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
-    t = threading.Thread(target=srv.serve_forever, args=(0.02,), daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/hook?x=1", seen
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with AppServer(app) as server:
+        yield f"{server.base_url}/hook?x=1", seen
 
 
 def test_delivery_posts_each_event_with_its_idempotency_key(db: SQLiteFrontier) -> None:
@@ -351,19 +342,14 @@ class Receiver:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, *, hang_after: int = 0) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                RECEIVER,
-                str(self.port),
-                str(self.state),
-                str(self.fail_first),
-                str(hang_after),
-                str(self.release),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+        self.proc = spawn_python(
+            RECEIVER,
+            str(self.port),
+            str(self.state),
+            str(self.fail_first),
+            str(hang_after),
+            str(self.release),
+            stderr=None,
         )
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
@@ -443,14 +429,15 @@ def test_deliverer_killed_mid_delivery_resumes_from_its_cursor(
     receiver_ = Receiver(tmp_path)
     receiver_.start(hang_after=8)  # holds back the answer to the 8th event
     try:
-        cmd = [sys.executable, "-c", DELIVERER, str(tmp_path / "crawl.db"), receiver_.url]
-        first = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        args = (str(tmp_path / "crawl.db"), receiver_.url)
+        first = spawn_python(DELIVERER, *args, stderr=None)
         receiver_.wait_processed(8)
         assert db.get_cursor("webhook") == events[6]["event_id"]  # acknowledged: 7 events
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         receiver_.release.touch()
-        second = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=60, check=True)
+        second = run_python(DELIVERER, *args)
+        assert second.returncode == 0, second.stderr
     finally:
         receiver_.kill()
     stats = json.loads(second.stdout)

@@ -10,6 +10,7 @@ names are resolved by :class:`FakeResolver`, never DNS.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import errno
 import gzip
@@ -38,6 +39,7 @@ from idemcrawl.fetch import (
     retry_after_seconds,
 )
 from idemcrawl.lab.testsite.hostile import bomb_blob
+from idemcrawl.lab.testsite.server import serving
 
 T = TypeVar("T")
 
@@ -143,13 +145,17 @@ ENCODED: dict[str, tuple[str, bytes]] = {
 
 
 class LoopbackServer:
-    """A tiny aiohttp.web app on 127.0.0.1 with a few behaviours, logging what it receives."""
+    """A tiny aiohttp.web app on 127.0.0.1 with a few behaviours, logging what it receives.
+
+    Served on the test's own event loop (not in a thread), so the scenario, the spy and the
+    server share one loop and the order of events is deterministic.
+    """
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.release = asyncio.Event()  # lets /slow and /stall finish so shutdown is immediate
         self.port = 0
-        self._runner: web.AppRunner | None = None
+        self._stack = contextlib.AsyncExitStack()
 
     @property
     def paths(self) -> list[str]:
@@ -212,18 +218,12 @@ class LoopbackServer:
     async def __aenter__(self) -> LoopbackServer:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        assert self._runner.addresses
-        self.port = self._runner.addresses[0][1]
+        self.port = await self._stack.enter_async_context(serving(app, "127.0.0.1"))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.release.set()
-        assert self._runner is not None
-        await self._runner.cleanup()
+        await self._stack.aclose()
 
 
 def run(

@@ -6,24 +6,26 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from idemcrawl.lab.chaos import idem_crawl_command
 from idemcrawl.lab.testsite import ShopConfig, ShopServer, expected_products
 
+from .helpers import DEVNULL, run, spawn
+
 
 def _crawl_cmd(seed: str, db: Path, concurrency: int) -> list[str]:
+    """The very command line ``idemcrawl chaos`` kills, so this test attacks the same crawl."""
     return idem_crawl_command(seed, str(db), concurrency)
 
 
 def _kill_after_requests(server: ShopServer, cmd: list[str], n: int) -> int:
     """Start a crawl, SIGKILL its process group once the server saw ``n`` more requests."""
     before = int(server.stats()["total"])  # type: ignore[call-overload]
-    proc = subprocess.Popen(
-        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    proc = spawn(cmd, new_session=True, stdout=DEVNULL, stderr=DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and proc.poll() is None:
         if int(server.stats()["total"]) >= before + n:  # type: ignore[call-overload]
@@ -53,6 +55,7 @@ def _leased(db: Path) -> int:
         con.close()
 
 
+@pytest.mark.slow
 def test_sigkill_and_restart_with_other_concurrency(tmp_path: Path) -> None:
     cfg = ShopConfig(listings=6, per_page=10, latency_ms=40)
     db = tmp_path / "kill.db"
@@ -62,9 +65,7 @@ def test_sigkill_and_restart_with_other_concurrency(tmp_path: Path) -> None:
             code = _kill_after_requests(server, _crawl_cmd(server.seed_url, db, conc), 8 + 4 * i)
             assert code == -signal.SIGKILL
             in_flight += _leased(db)
-        done = subprocess.run(
-            _crawl_cmd(server.seed_url, db, 3), timeout=120, capture_output=True, text=True
-        )
+        done = run(_crawl_cmd(server.seed_url, db, 3), timeout=120)
         assert done.returncode == 0, done.stderr
         paths: dict[str, int] = server.stats()["paths"]  # type: ignore[assignment]
     rows = _rows(db)

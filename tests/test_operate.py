@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 from idemcrawl.metrics import METRICS
 
-ROOT = Path(__file__).resolve().parent.parent
+from .helpers import spawn_cli
 
 
 def _free_port() -> int:
@@ -25,6 +24,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_live_progress_and_metrics_during_a_crawl(tmp_path: Path) -> None:
     specs = [
         HostSpec("a", pages=40, latency_ms=30, status_pages=True),
@@ -33,28 +33,19 @@ def test_live_progress_and_metrics_during_a_crawl(tmp_path: Path) -> None:
     ]
     port = _free_port()
     with MultiHostServer(specs) as site:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "idemcrawl",
-                "crawl",
-                *site.seed_urls,
-                "--db",
-                str(tmp_path / "c.db"),
-                "--spider",
-                "idemcrawl.lab.testsite.page_spider:PageSpider",
-                "--delay",
-                "0.05",
-                "--allow-private",
-                "127.0.0.1",
-                "--metrics-port",
-                str(port),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        proc = spawn_cli(
+            "crawl",
+            *site.seed_urls,
+            "--db",
+            str(tmp_path / "c.db"),
+            "--spider",
+            "idemcrawl.lab.testsite.page_spider:PageSpider",
+            "--delay",
+            "0.05",
+            "--allow-private",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
         )
         families: dict[str, object] = {}
         samples: dict[str, float] = {}

@@ -655,6 +655,7 @@ class TestParserPool:
         assert len({r.records[0].content_hash for r in results}) == 2  # both workers served
         assert self.restarts == 0 and self.closed_ok
 
+    @pytest.mark.slow
     def test_timeout_fails_only_the_slow_page(self, tmp_path: Path) -> None:
         # One worker: the pages queued behind the slow one never started, so they are moved to
         # the replacement worker instead of failing with it.
@@ -674,6 +675,7 @@ class TestParserPool:
         assert [r.records[0].key for r in results if not r.error] == [f"{SHOP}/b", f"{SHOP}/c"]
         assert self.restarts == 2 and self.closed_ok
 
+    @pytest.mark.slow
     def test_slow_start_is_not_a_parse_timeout(self, tmp_path: Path) -> None:
         import asyncio
 

@@ -5,22 +5,21 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from idemcrawl.engine import run_crawl
 from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 from .conftest import crawl_config
+from .helpers import DEVNULL, spawn_cli
 
 
-def _crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "idemcrawl",
+def _crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[str]:
+    return spawn_cli(
         "crawl",
         *seeds,
         "--db",
@@ -28,12 +27,12 @@ def _crawl(seeds: list[str], db: Path, cfg: Path) -> subprocess.Popen[bytes]:
         "--config",
         str(cfg),
         "--quiet",
-    ]
-    return subprocess.Popen(
-        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        new_session=True,
+        stdout=DEVNULL,
     )
 
 
+@pytest.mark.slow
 def test_three_processes_with_kills_never_break_any_host_allowance(tmp_path: Path) -> None:
     specs = [
         HostSpec("a", pages=14),
@@ -63,7 +62,7 @@ def test_three_processes_with_kills_never_break_any_host_allowance(tmp_path: Pat
         procs[:2] = [_crawl(site.seed_urls, db, cfg) for _ in range(2)]
         for p in procs:
             _, err = p.communicate(timeout=90)
-            assert p.returncode == 0, err.decode()
+            assert p.returncode == 0, err
         log = site.request_log()
         disallowed = site.disallowed_prefixes()
         robots_only = site.robots_only_hosts()
@@ -85,6 +84,7 @@ def test_three_processes_with_kills_never_break_any_host_allowance(tmp_path: Pat
     assert sum(1 for e in log if e["host"] == d) == 2  # robots.txt tried twice, then deferred
 
 
+@pytest.mark.slow
 def test_retry_after_spaces_the_next_request(tmp_path: Path) -> None:
     spec = HostSpec("a", pages=3, status_pages=True)
     with MultiHostServer([spec]) as site:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,13 +14,11 @@ from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 from .frontier.conftest import PG_DSN, require_postgres
+from .helpers import DEVNULL, spawn_cli
 
 
-def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "idemcrawl",
+def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[str]:
+    return spawn_cli(
         "crawl",
         *seeds,
         "--db",
@@ -33,9 +30,8 @@ def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[bytes]:
         "--warc-dir",
         str(cfg.parent / "warc"),
         "--quiet",
-    ]
-    return subprocess.Popen(
-        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        new_session=True,
+        stdout=DEVNULL,
     )
 
 
@@ -66,7 +62,7 @@ def test_four_processes_on_postgres_with_kills(tmp_path: Path) -> None:
             procs[:2] = [_crawl(site.seed_urls, db, cfg) for _ in range(2)]
             for p in procs:
                 _, err = p.communicate(timeout=120)
-                assert p.returncode == 0, err.decode()
+                assert p.returncode == 0, err
             log = site.request_log()
             disallowed = site.disallowed_prefixes()
             expected = {

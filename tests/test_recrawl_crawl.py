@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from idemcrawl import Spider
 from idemcrawl.engine import Engine, run_crawl
@@ -18,6 +17,7 @@ from idemcrawl.lab.testsite.hostile import CHAIN_HOPS, HostileSite
 from idemcrawl.warc import verify_directory
 
 from .conftest import crawl_config
+from .helpers import spawn_python
 
 
 class NoLinks(Spider):
@@ -50,6 +50,7 @@ def _run_for(cfg: object, seconds: float) -> object:
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_recrawl_sends_conditional_requests_and_indexes_only_changes(tmp_path: Path) -> None:
     clock = FakeClock()
     with HostileSite(period=100, changing=3, static=3, clock=clock) as site:
@@ -129,15 +130,12 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_hostile_site_is_crawled_with_every_cut_recorded(tmp_path: Path) -> None:
     db = tmp_path / "h.db"
     with HostileSite(trickle_interval=0.5) as site:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _CRAWL_HOSTILE, str(db), site.seed_url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        proc = spawn_python(
+            _CRAWL_HOSTILE, str(db), site.seed_url, env={"PYTHONUNBUFFERED": "1"}
         )
         peak = 0.0
         deadline = time.monotonic() + 90

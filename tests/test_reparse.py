@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from idemcrawl.lab.testsite.shop_spider import ShopSpider
 from idemcrawl.reparse import reparse
 
 from .conftest import crawl_config
+from .helpers import run_cli
 
 
 class BuggySpider(ShopSpider):
@@ -80,34 +79,20 @@ def test_reparse_failed_pages_from_the_store_without_requests(
 def test_reparse_cli_reports_zero_requests(shop: ShopServer, tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     run_crawl(crawl_config(db, shop.seed_url, spider="tests.test_reparse:BuggySpider"))
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "idemcrawl",
-            "reparse",
-            "--db",
-            str(db),
-            "--spider",
-            "tests.test_reparse:FixedSpider",
-            "--where-failed",
-            "--json",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
+    res = run_cli(
+        "reparse",
+        "--db",
+        str(db),
+        "--spider",
+        "tests.test_reparse:FixedSpider",
+        "--where-failed",
+        "--json",
+        "--quiet",
     )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["requests"] == 0 and out["records"] == len(expected_products(shop.cfg))
-    missing = subprocess.run(
-        [sys.executable, "-m", "idemcrawl", "reparse", "--db", str(db), "--warc-dir", "/nope"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    missing = run_cli("reparse", "--db", str(db), "--warc-dir", "/nope")
     assert missing.returncode == 2 and "no WARC store" in missing.stderr
 
 

@@ -10,7 +10,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,6 +29,7 @@ from idemcrawl.status import status_dict
 
 from .conftest import crawl_config
 from .frontier.conftest import in_ci
+from .helpers import spawn_python
 
 
 @pytest.fixture(scope="module")
@@ -252,9 +252,7 @@ def dashboard_proc(tmp_path: Path) -> Iterator[Callable[[str], tuple[str, subpro
 
     def start(db: str) -> tuple[str, subprocess.Popen[str]]:
         code = "import sys; from idemcrawl.serve import serve; serve(sys.argv[1], 0)"
-        p = subprocess.Popen(
-            [sys.executable, "-c", code, db], stderr=subprocess.PIPE, text=True, cwd=tmp_path
-        )
+        p = spawn_python(code, db, cwd=tmp_path, stdout=None)
         procs.append(p)
         assert p.stderr is not None
         line = p.stderr.readline()
@@ -269,6 +267,7 @@ def dashboard_proc(tmp_path: Path) -> Iterator[Callable[[str], tuple[str, subpro
             p.wait()
 
 
+@pytest.mark.browser
 def test_dashboard_in_headless_chromium_matches_status(
     tmp_path: Path, dashboard_proc: Callable[[str], tuple[str, subprocess.Popen[str]]]
 ) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import gzip
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +11,7 @@ from aiohttp import web
 
 from idemcrawl.engine import run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.lab.testsite.server import AppServer
 
 from .conftest import crawl_config
 
@@ -75,26 +74,9 @@ class SitemapSite:
 @pytest.fixture(params=[True, False], ids=["robots-sitemap", "flag-sitemap"])
 def site(request: pytest.FixtureRequest) -> Iterator[SitemapSite]:
     s = SitemapSite(robots_lists_sitemap=request.param)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    runner = web.AppRunner(s.app())
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        tcp = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(tcp.start())
-        port = runner.addresses[0][1]
-        s.base = f"http://127.0.0.1:{port}"
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    ready.wait(10)
-    yield s
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
+    with AppServer(s.app) as server:
+        s.base = server.base_url
+        yield s
 
 
 def test_sitemap_urls_are_crawled(site: SitemapSite, tmp_path: Path) -> None:

@@ -2,44 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from idemcrawl.engine import run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
-from idemcrawl.lab.testsite.traps import PRODUCTS, TrapSite, product_price
+from idemcrawl.lab.testsite.traps import PRODUCTS, TrapServer, TrapSite, product_price
 
 from .conftest import crawl_config
 
 
 @pytest.fixture
 def trap_site() -> Iterator[tuple[TrapSite, str]]:
-    site = TrapSite()
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    runner = web.AppRunner(site.app())
-    base: list[str] = []
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-        base.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    ready.wait(10)
-    yield site, base[0]
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
+    with TrapServer() as server:
+        yield server.site, server.base_url
 
 
 def test_traps_are_cut_and_products_kept(trap_site: tuple[TrapSite, str], tmp_path: Path) -> None:

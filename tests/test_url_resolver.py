@@ -47,6 +47,7 @@ def outcome(fn, href: str) -> str:  # type: ignore[no-untyped-def]
 @example("http://shop.test/p/5", "http://shop.test/x?")
 @example("http://shop.test/p/5", "/x/%7e")
 @example("http://shop.test/p/5", "/\t/evil.test/")
+@pytest.mark.slow
 def test_resolver_equals_normalise(base: str, href: str) -> None:
     r = Resolver(base)
     assert outcome(r.resolve, href) == outcome(lambda h: normalise(h, base), href)

@@ -8,8 +8,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -33,6 +31,8 @@ from idemcrawl.warc import (
     verify_directory,
     write_cost,
 )
+
+from .helpers import spawn_python
 
 URL = "http://127.0.0.1:8000/product/7?colour=red"
 REQUEST = [("User-Agent", "idemcrawl/0.1"), ("Accept-Encoding", "gzip, br")]
@@ -547,15 +547,14 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_sigkill_mid_write_leaves_readable_files(tmp_path: Path) -> None:
     """A real SIGKILL during a (slow, short-writing) append: the next open cuts the torn
     exchange, every pointer the writer returned still reads back, and all files verify."""
     d = str(tmp_path)
     cut = []
     for _ in range(4):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _KILL_WRITER, d], stdout=subprocess.PIPE, text=True
-        )
+        proc = spawn_python(_KILL_WRITER, d, stderr=None)
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(10)]
         time.sleep(random.uniform(0.0, 0.02))

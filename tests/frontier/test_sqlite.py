@@ -16,6 +16,7 @@ def _open_close(path: str) -> None:
     SQLiteFrontier(path).close()
 
 
+@pytest.mark.slow
 def test_concurrent_first_open_migrates_once(tmp_path: Path) -> None:
     # spawn, not fork: forking a multi-threaded test process can inherit a held lock.
     ctx = multiprocessing.get_context("spawn")

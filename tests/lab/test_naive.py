@@ -7,8 +7,6 @@ no-op, the baseline would stop demonstrating what it exists to demonstrate.
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import closing
@@ -18,6 +16,8 @@ import pytest
 
 from idemcrawl.lab.naive import run_naive
 from idemcrawl.lab.testsite import ShopConfig, ShopServer, expected_products
+
+from ..helpers import run_cli
 
 CFG = ShopConfig(listings=3, per_page=4)
 _PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
@@ -75,19 +75,12 @@ def test_second_run_duplicates_every_row(shop: ShopServer, tmp_path: Path) -> No
 
 def test_runs_as_module_subprocess(shop: ShopServer, tmp_path: Path) -> None:
     db = tmp_path / "naive.db"
-    proc = subprocess.run(
-        [sys.executable, "-m", "idemcrawl.lab.naive", shop.seed_url, str(db)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = run_cli(shop.seed_url, str(db), module="idemcrawl.lab.naive", timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert len(rows(db)) == CFG.products
 
 
 def test_usage_error_without_arguments() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "idemcrawl.lab.naive"], capture_output=True, text=True, timeout=30
-    )
+    proc = run_cli(module="idemcrawl.lab.naive", timeout=30)
     assert proc.returncode == 2
     assert "usage" in proc.stderr

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -34,7 +33,9 @@ from idemcrawl.lab.bench.site import (
 )
 from idemcrawl.parse import Page, Record
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+from ...helpers import ROOT, run
+
+BENCHMARKS = ROOT / "benchmarks"
 SERVERS = [
     "aiohttp",
     pytest.param(
@@ -141,12 +142,7 @@ def test_server_serves_pages_and_logs_requests(server: str) -> None:
 def test_bare_crawler_crawls_tiny_site_completely() -> None:
     spec = SiteSpec(hosts=2, pages=20)
     with StaticSite(spec) as site:
-        r = subprocess.run(
-            [sys.executable, str(BENCHMARKS / "bare_crawler.py"), *site.seeds],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = run([sys.executable, str(BENCHMARKS / "bare_crawler.py"), *site.seeds])
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert (out["pages"], out["items"], out["errors"]) == (40, 40, 0)
@@ -226,6 +222,7 @@ def test_missing_scrapy_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -
     assert "| scrapy | scrapy not installed" in report.text()
 
 
+@pytest.mark.slow
 def test_run_bench_tiny_site() -> None:
     compare = ("bare", "scrapy") if bench.scrapy_available() else ("bare",)
     opts = BenchOptions(
@@ -334,19 +331,13 @@ def test_pyspy_summary_groups_roles_and_skips_waits(tmp_path: Path) -> None:
         "(parse.py:5);simhash64 (dedup.py:8) 5\n"
         "garbage line\n"
     )
-    out = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "pyspy_summary.py"), str(raw), "--top", "3"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    summarize = [sys.executable, str(BENCHMARKS / "pyspy_summary.py")]
+    summary = run([*summarize, str(raw), "--top", "3"])
+    assert summary.returncode == 0, summary.stderr
+    out = summary.stdout
     assert "== crawl: event loop: 10 samples, 6 busy (60%)" in out
     assert "== crawl: SQL thread: 3 samples, 3 busy (100%)" in out
     assert "== parser process: 5 samples, 5 busy (100%)" in out
     assert "100.0%  simhash64 (dedup.py)" in out
-    missing = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "pyspy_summary.py"), str(tmp_path / "none.raw")],
-        capture_output=True,
-        text=True,
-    )
+    missing = run([*summarize, str(tmp_path / "none.raw")])
     assert missing.returncode == 2 and "cannot read" in missing.stderr

@@ -9,12 +9,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import textwrap
 import time
 import urllib.request
@@ -34,6 +31,8 @@ from idemcrawl.lab.testsite.hostile import (
     bomb_encodings,
     hostile_resolver,
 )
+
+from ...helpers import run_python, spawn_python
 
 LOOPBACK = parse_allow_list(["127.0.0.1"])
 MIB = 1 << 20
@@ -276,6 +275,7 @@ def test_big_page_is_exactly_its_size_when_read_whole() -> None:
     assert res.body.endswith(b"</body></html>\n")
 
 
+@pytest.mark.slow
 def test_trickle_is_cut_at_the_total_timeout(site: HostileSite) -> None:
     t0 = time.monotonic()
     res = fetch(site, "/trickle.html", total_timeout=1.5)
@@ -349,15 +349,8 @@ def test_peak_rss_stays_bounded(site: HostileSite, path: str) -> None:
     """Default limits (10 MiB wire, 10 MiB decoded) against a 1 GiB bomb / a 100 MB page."""
     if path == "/bomb.html":
         bomb_blob("gzip", site.bomb_bytes)  # build it here, outside the measured process
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run(
-        [sys.executable, "-c", _RSS_PROBE, site.base_url, path],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=True,
-    )
+    out = run_python(_RSS_PROBE, site.base_url, path)
+    assert out.returncode == 0, out.stderr
     m = json.loads(out.stdout)
     delta = m["after"] - m["before"]
     print(f"{path}: peak RSS {m['before']:.1f} -> {m['after']:.1f} MB (+{delta:.1f}); {m}")
@@ -367,17 +360,8 @@ def test_peak_rss_stays_bounded(site: HostileSite, path: str) -> None:
 
 
 def test_serve_forever_prints_url_and_stops_cleanly() -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from idemcrawl.lab.testsite.hostile import serve_forever; "
-            "serve_forever('127.0.0.1', 0)",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    proc = spawn_python(
+        "from idemcrawl.lab.testsite.hostile import serve_forever; serve_forever('127.0.0.1', 0)"
     )
     try:
         assert proc.stdout is not None

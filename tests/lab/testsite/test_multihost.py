@@ -12,7 +12,6 @@ import re
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -32,6 +31,8 @@ from idemcrawl.lab.testsite.multihost import (
     robots_txt,
     serve_multihost,
 )
+
+from ...helpers import spawn_python
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -145,6 +146,7 @@ def test_robots_redirect_loop_exceeds_five_hops_and_cycles(site: MultiHostServer
     assert get(url(site, "rules", "/r1"), follow=False)[0] == 404
 
 
+@pytest.mark.slow
 def test_hang_does_not_block_other_hosts(site: MultiHostServer) -> None:
     hang_url = url(site, "hang", "/robots.txt")
     hang_base = site.base_url_for("hang")
@@ -365,9 +367,7 @@ def test_serve_multihost_prints_hosts_and_exits_cleanly_on_sigterm() -> None:
         "from idemcrawl.lab.testsite.multihost import HostSpec, serve_multihost; "
         "serve_multihost([HostSpec('a', pages=3), HostSpec('d', robots='error')])"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = spawn_python(code)
     try:
         lines = _read_lines(proc, 2, timeout=10)
         pattern = r"(\w+) (http://127\.0\.0\.1:\d+)/p/0 robots=(\S+)\n"

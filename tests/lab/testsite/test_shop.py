@@ -11,7 +11,6 @@ import re
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -29,6 +28,8 @@ from idemcrawl.lab.testsite import (
     serve_forever,
     sku_for,
 )
+
+from ...helpers import spawn_python
 
 CFG = ShopConfig(listings=3, per_page=4)
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -258,12 +259,7 @@ def test_serve_forever_prints_bound_url_and_exits_cleanly(sig: signal.Signals) -
         "from idemcrawl.lab.testsite import ShopConfig, serve_forever; "
         "serve_forever('127.0.0.1', 0, ShopConfig(listings=2, per_page=3))"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn_python(code)
     try:
         line = _read_line(proc, timeout=10)
         m = re.fullmatch(

@@ -38,10 +38,8 @@ import functools
 import html
 import json
 import random
-import signal
 import socket
 import struct
-import sys
 import threading
 import time
 import zlib
@@ -50,6 +48,8 @@ from typing import Final
 
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
+
+from .server import ThreadedServer, bind, start_app
 
 __all__ = [
     "CHAIN_HOPS",
@@ -228,13 +228,17 @@ def _html(text: str, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
-class HostileSite:
+class HostileSite(ThreadedServer):
     """The hostile site; serve it from a background thread or use :meth:`app` directly.
 
     ``period``: seconds between changes of ``/changing/<n>``; ``clock`` lets a test move time
     instead of sleeping. ``bomb_bytes``/``big_bytes``/``trickle_interval`` scale the hostile
-    pages (defaults: 1 GiB, 100 MB, 1 s).
+    pages (defaults: 1 GiB, 100 MB, 1 s). Trickling responses are cut after a short grace
+    period when it stops.
     """
+
+    label = "hostile site"
+    shutdown_timeout = _SHUTDOWN_TIMEOUT
 
     def __init__(
         self,
@@ -255,6 +259,7 @@ class HostileSite:
             raise ValueError("page counts and sizes must not be negative")
         if trickle_interval <= 0:
             raise ValueError("trickle_interval must be > 0")
+        super().__init__(host, port)
         self.period = period
         self.changing = changing
         self.static = static
@@ -262,31 +267,13 @@ class HostileSite:
         self.big_bytes = big_bytes
         self.trickle_interval = trickle_interval
         self.clock = clock
-        self.host = host
-        self._requested_port = port
-        self._port: int | None = None
         #: True when the 127.0.0.2 canary listener is up (so a guard failure is visible).
         self.canary_bound = False
         self._counts: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()
         self._bomb_locks: dict[str, asyncio.Lock] = {}
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
 
     # -- addresses ----------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("HostileSite is not running")
-        return self._port
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     @property
     def seed_url(self) -> str:
@@ -516,79 +503,26 @@ class HostileSite:
 
     # -- serving ------------------------------------------------------------------------------
 
-    async def _start(self) -> web.AppRunner:
-        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT)
-        await runner.setup()
+    def make_app(self) -> web.Application:
+        return self.app()
+
+    async def open(self) -> list[web.AppRunner]:
+        """The site on ``host:port``, plus the canary: the same port on 127.0.0.2.
+
+        The canary is best effort (``canary_bound`` says whether it is up): a guarded crawler
+        never reaches it, so it only exists to make a guard failure visible in the counters.
+        """
+        app = self.app()
+        sock = bind(self.host, self._requested_port)
+        port = int(sock.getsockname()[1])
+        socks = [sock]
         try:
-            await web.TCPSite(runner, self.host, self._requested_port).start()
-            port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-            self._port = int(port)
-            try:  # the canary: same port on 127.0.0.2, which a guarded crawler never reaches
-                await web.TCPSite(runner, "127.0.0.2", self._port).start()
-                self.canary_bound = True
-            except OSError:
-                self.canary_bound = False
-        except BaseException:
-            await runner.cleanup()
-            raise
-        return runner
-
-    def start(self, timeout: float = 10.0) -> HostileSite:
-        """Serve from a daemon thread; returns once bound (or raises why it was not)."""
-        if self._thread is not None:
-            raise RuntimeError("HostileSite already started")
-        self._ready.clear()
-        self._error = None
-        self._thread = threading.Thread(target=self._run, name="hostile-site", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"hostile site did not start within {timeout} s")
-        if self._error is not None:
-            err = self._error
-            self.stop()
-            raise RuntimeError("hostile site failed to start") from err
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving; trickling responses are cut after a short grace period."""
-        thread, loop, stop_event = self._thread, self._loop, self._stop_event
-        if thread is None:
-            return
-        if loop is not None and stop_event is not None:
-            with contextlib.suppress(RuntimeError):  # loop already closed: nothing to wake
-                loop.call_soon_threadsafe(stop_event.set)
-        thread.join(timeout)
-        self._thread = None
-        self._port = None
-
-    def __enter__(self) -> HostileSite:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported to start(); a thread must not die silently
-            self._error = exc
-        finally:
-            self._ready.set()
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    async def _serve(self) -> None:
-        self._stop_event = asyncio.Event()
-        runner = await self._start()
-        try:
-            self._ready.set()
-            await self._stop_event.wait()
-        finally:
-            await runner.cleanup()
+            socks.append(bind("127.0.0.2", port))
+            self.canary_bound = True
+        except OSError:
+            self.canary_bound = False
+        self._bound(port)
+        return [await start_app(app, socks, shutdown_timeout=self.shutdown_timeout)]
 
 
 def serve_forever(host: str = "127.0.0.1", port: int = 0, period: float = 60.0) -> None:
@@ -597,26 +531,11 @@ def serve_forever(host: str = "127.0.0.1", port: int = 0, period: float = 60.0) 
     Prints one line with the real seed URL, flushed, so ``port=0`` works for scripts, and
     returns normally on a signal so the process exits 0 without a traceback.
     """
-    asyncio.run(_serve_until_signal(HostileSite(period=period, host=host, port=port)))
-
-
-async def _serve_until_signal(site: HostileSite) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        runner = await site._start()
-        try:
-            print(
-                f"serving hostile site at {site.seed_url} (crawl it with the hostile resolver "
-                "and --allow-private 127.0.0.1)"
-            )
-            sys.stdout.flush()
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-
+    site = HostileSite(period=period, host=host, port=port)
+    site.serve_until_signal(
+        lambda: print(
+            f"serving hostile site at {site.seed_url} (crawl it with the hostile resolver "
+            "and --allow-private 127.0.0.1)",
+            flush=True,
+        )
+    )

@@ -8,8 +8,8 @@ extra interfaces are needed.
 Each host is described by a :class:`HostSpec`: a ring of pages ``/p/0 .. /p/{pages-1}``, a
 ``/private/{n}`` page per page (disallowed by the ``"rules"`` robots.txt, so fetching it is
 a visible violation), a robots.txt behaviour chosen from :data:`ROBOTS_MODES`, and optional
-rate-limit / error pages.  Every host is served from ONE background event loop (the
-:class:`~idemcrawl.lab.testsite.shop.ShopServer` pattern) so a single request log with one clock
+rate-limit / error pages.  Every host is served from ONE background event loop (a
+:class:`~idemcrawl.lab.testsite.server.ThreadedServer`) so a single request log with one clock
 covers them all, and a hanging handler on one host cannot delay another.
 
 The request log is what :mod:`idemcrawl.lab.politeness_check` judges.  Politeness can only be
@@ -24,19 +24,17 @@ it.  Control endpoints (``/__*``) are never logged or counted: they are the obse
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import html
-import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypedDict, TypeVar
+from typing import Any, Final, TypedDict
 
 from aiohttp import web
+
+from .server import ThreadedServer, bind, cleanup, start_app, url_host
 
 __all__ = [
     "NO_RESPONSE",
@@ -76,7 +74,6 @@ _UNAVAILABLE_RETRY_AFTER = 1
 NO_RESPONSE: Final = 0
 # Short because tests stop servers often; a hanging robots.txt must not stall stop().
 _SHUTDOWN_TIMEOUT = 0.5
-_LOOP_READ_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)
@@ -265,7 +262,6 @@ class _Host:
 HOST_KEY = web.AppKey("multihost_host", _Host)
 STATE_KEY = web.AppKey("multihost_state", _SiteState)
 
-_T = TypeVar("_T")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -463,80 +459,58 @@ def _make_app(host: _Host, state: _SiteState) -> web.Application:
     return app
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-async def _start_hosts(
-    specs: Sequence[HostSpec], host: str, state: _SiteState
-) -> tuple[list[web.AppRunner], list[str]]:
-    """Bind and serve every host; on any failure, undo what was started and re-raise.
-
-    Sockets are bound before the app is built so each app knows its own base URL (port 0
-    means the port is only known after binding, and a running app is frozen).
-    """
-    runners: list[web.AppRunner] = []
-    base_urls: list[str] = []
-    try:
-        for spec in specs:
-            sock = socket.create_server((host, 0))
-            try:
-                port = sock.getsockname()[1]
-                base_url = f"http://{_url_host(host)}:{port}"
-                runner = web.AppRunner(
-                    _make_app(_Host(spec, base_url), state),
-                    access_log=None,
-                    shutdown_timeout=_SHUTDOWN_TIMEOUT,
-                )
-                await runner.setup()
-                runners.append(runner)
-                await web.SockSite(runner, sock).start()
-            except BaseException:
-                sock.close()
-                raise
-            state.register(base_url, spec.name)
-            base_urls.append(base_url)
-    except BaseException:
-        await _cleanup(runners)
-        raise
-    return runners, base_urls
-
-
-async def _cleanup(runners: Sequence[web.AppRunner]) -> None:
-    """Stop all hosts concurrently, so total shutdown is one timeout, not one per host."""
-    await asyncio.gather(*(r.cleanup() for r in runners), return_exceptions=True)
-
-
-class MultiHostServer:
+class MultiHostServer(ThreadedServer):
     """All hosts of a multi-host site, served by one background thread and event loop.
 
-    A thread (rather than the caller's loop) lets synchronous tests, subprocess crawlers and
-    async crawlers all use it, and one loop gives one clock and one log for every host.
-    Use as a context manager or call :meth:`start`/:meth:`stop`.
+    One loop (see :class:`~idemcrawl.lab.testsite.server.ThreadedServer`) gives one clock and
+    one log for every host; each host has its own port. Stopping never blocks longer than its
+    timeout: hanging handlers (``robots="hang"``) are cancelled after a short grace period and
+    logged with status :data:`NO_RESPONSE`.
     """
 
+    label = "multi-host server"
+    shutdown_timeout = _SHUTDOWN_TIMEOUT
+
     def __init__(self, specs: Sequence[HostSpec] | None = None, host: str = "127.0.0.1") -> None:
-        self.specs: tuple[HostSpec, ...] = tuple(specs if specs is not None else default_hosts())
-        if not self.specs:
+        specs = tuple(specs if specs is not None else default_hosts())
+        if not specs:
             raise ValueError("at least one HostSpec is required")
-        names = [s.name for s in self.specs]
+        names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"host names must be unique: {names}")
-        self.host = host
+        super().__init__(host, 0)
+        self.specs: tuple[HostSpec, ...] = specs
         self._state = _SiteState()
-        self._base_urls: list[str] = []
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+
+    async def open(self) -> list[web.AppRunner]:
+        """Bind and serve every host on its own port; on failure undo what was started.
+
+        Each socket is bound before its app is built so the app knows its own base URL (port 0
+        means the port is only known after binding, and a running app is frozen).
+        """
+        runners: list[web.AppRunner] = []
+        try:
+            for spec in self.specs:
+                sock = bind(self.host, 0)
+                port = int(sock.getsockname()[1])
+                base_url = f"http://{url_host(self.host)}:{port}"
+                try:
+                    app = _make_app(_Host(spec, base_url), self._state)
+                except BaseException:
+                    sock.close()
+                    raise
+                runners.append(await start_app(app, [sock], shutdown_timeout=self.shutdown_timeout))
+                self._state.register(base_url, spec.name)
+                self._bound(port)
+        except BaseException:
+            await cleanup(runners)
+            raise
+        return runners
 
     @property
     def base_urls(self) -> list[str]:
         """``http://HOST:PORT`` per host, in spec order; only valid while started."""
-        if not self._base_urls:
-            raise RuntimeError("MultiHostServer is not running")
-        return list(self._base_urls)
+        return [f"http://{url_host(self.host)}:{port}" for port in self.ports]
 
     @property
     def seed_urls(self) -> list[str]:
@@ -583,112 +557,17 @@ class MultiHostServer:
             if spec.robots in ("error", "hang")
         }
 
-    def start(self, timeout: float = 10.0) -> MultiHostServer:
-        """Start every host and block until all are bound (or raise why they were not)."""
-        if self._thread is not None:
-            raise RuntimeError("MultiHostServer already started")
-        self._ready.clear()
-        self._error = None
-        self._thread = threading.Thread(target=self._run, name="multihost-server", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"multi-host server did not start within {timeout} s")
-        if self._error is not None:
-            err = self._error
-            self.stop()
-            raise RuntimeError("multi-host server failed to start") from err
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop every host; never blocks longer than ``timeout`` (the thread is a daemon).
-
-        Hanging handlers (``robots="hang"``) are cancelled after a short grace period and
-        logged with status :data:`NO_RESPONSE`.
-        """
-        thread, loop, stop_event = self._thread, self._loop, self._stop_event
-        if thread is None:
-            return
-        if loop is not None and stop_event is not None:
-            # The loop may already be closed if startup failed; nothing to wake then.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop_event.set)
-        thread.join(timeout)
-        self._thread = None
-        self._base_urls = []
-
     def request_log(self) -> list[LogEntry]:
         """Copy of the whole site's request log, like ``GET /__log`` on any host."""
-        return self._on_loop(self._state.log_snapshot)
+        return self.on_loop(self._state.log_snapshot)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per host (keyed by base URL): name, total, in_flight and per-path counts."""
-        return self._on_loop(self._state.snapshot)
+        return self.on_loop(self._state.snapshot)
 
     def reset(self) -> None:
         """Clear log and counts and re-arm the once-only 429/503 pages."""
         self._state.reset()
-
-    def _on_loop(self, read: Callable[[], _T]) -> _T:
-        """Run ``read`` on the server loop when it is running, else directly.
-
-        Reading from this thread alone races the server: a client can have the last byte
-        of a response before the server thread runs the ``finally`` that logs it.  A
-        callback queued on the loop runs only after that handler step has completed, the
-        same ordering ``GET /__log`` gets (see ``ShopServer._on_loop``).
-        """
-        loop, thread = self._loop, self._thread
-        if (
-            loop is None
-            or thread is None
-            or thread.ident == threading.get_ident()
-            or loop.is_closed()
-            or not loop.is_running()
-        ):
-            return read()
-        done: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                done.set_result(read())
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        try:
-            loop.call_soon_threadsafe(run)
-            return done.result(timeout=_LOOP_READ_TIMEOUT)
-        except (RuntimeError, concurrent.futures.TimeoutError):
-            # Loop closed or stuck: a lock-protected direct read is still correct, just racy.
-            return read()
-
-    def __enter__(self) -> MultiHostServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported to start(); a thread must not die silently
-            self._error = exc
-        finally:
-            self._ready.set()
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    async def _serve(self) -> None:
-        self._stop_event = asyncio.Event()
-        runners, base_urls = await _start_hosts(self.specs, self.host, self._state)
-        try:
-            self._base_urls = base_urls
-            self._ready.set()
-            await self._stop_event.wait()
-        finally:
-            await _cleanup(runners)
 
 
 def serve_multihost(specs: list[HostSpec], host: str = "127.0.0.1") -> None:
@@ -700,23 +579,11 @@ def serve_multihost(specs: list[HostSpec], host: str = "127.0.0.1") -> None:
     """
     if not specs:
         raise ValueError("at least one HostSpec is required")
-    asyncio.run(_serve_until_signal(specs, host))
+    server = MultiHostServer(specs, host)
 
+    def announce() -> None:
+        for spec, url in zip(specs, server.base_urls, strict=True):
+            print(f"{spec.name} {url}/p/0 robots={spec.robots}")
+        sys.stdout.flush()
 
-async def _serve_until_signal(specs: Sequence[HostSpec], host: str) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        runners, base_urls = await _start_hosts(specs, host, _SiteState())
-        try:
-            for spec, url in zip(specs, base_urls, strict=True):
-                print(f"{spec.name} {url}/p/0 robots={spec.robots}")
-            sys.stdout.flush()
-            await stop.wait()
-        finally:
-            await _cleanup(runners)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    server.serve_until_signal(announce)

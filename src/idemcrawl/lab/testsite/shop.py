@@ -26,20 +26,17 @@ system-wide, so a crawler in another process can compare its own timestamps agai
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import hashlib
 import html
 import re
-import signal
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from aiohttp import web
+
+from .server import ThreadedServer
 
 __all__ = [
     "ShopConfig",
@@ -224,7 +221,6 @@ class ShopState:
 CONFIG_KEY = web.AppKey("shop_config", ShopConfig)
 STATE_KEY = web.AppKey("shop_state", ShopState)
 
-_T = TypeVar("_T")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -316,170 +312,50 @@ def make_app(cfg: ShopConfig | None = None, *, state: ShopState | None = None) -
     return app
 
 
-def _bound_port(runner: web.AppRunner) -> int:
-    """Actual port after binding, so port 0 (ephemeral) can be reported to callers."""
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            return int(addr[1])
-    raise RuntimeError(f"could not determine bound port from {runner.addresses!r}")
-
-
 # Short: tests and benchmarks stop servers often, and shop handlers never run long.
 _SHUTDOWN_TIMEOUT = 2.0
-# How long ShopServer waits for its loop to serve an in-process stats read.
-_LOOP_READ_TIMEOUT = 2.0
 
 
-class ShopServer:
-    """The shop running in a background thread with its own event loop.
+class ShopServer(ThreadedServer):
+    """The shop running in a background thread with its own event loop (see ThreadedServer).
 
-    A thread (rather than the caller's loop) lets synchronous tests, subprocess crawlers and
-    async crawlers all use the same fixture, and keeps the server responsive while the
-    caller's loop is blocked.  Use as a context manager or call :meth:`start`/:meth:`stop`.
+    Its counters outlive a stop/start (each start serves a fresh app over the same state), so
+    a test can restart the server and still see every request.
     """
+
+    label = "shop server"
+    shutdown_timeout = _SHUTDOWN_TIMEOUT
 
     def __init__(
         self, cfg: ShopConfig | None = None, host: str = "127.0.0.1", port: int = 0
     ) -> None:
+        super().__init__(host, port)
         self.cfg = cfg if cfg is not None else ShopConfig()
-        self.host = host
-        self._requested_port = port
         self._state = ShopState()
-        self._port: int | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
 
-    @property
-    def port(self) -> int:
-        """Bound port; only valid while started."""
-        if self._port is None:
-            raise RuntimeError("ShopServer is not running")
-        return self._port
-
-    @property
-    def base_url(self) -> str:
-        """``http://HOST:PORT`` without a trailing slash."""
-        return f"http://{self.host}:{self.port}"
+    def make_app(self) -> web.Application:
+        return make_app(self.cfg, state=self._state)
 
     @property
     def seed_url(self) -> str:
         """The crawl seed, ``{base_url}/list/1``."""
         return f"{self.base_url}/list/1"
 
-    def start(self, timeout: float = 10.0) -> ShopServer:
-        """Start serving and block until the socket is bound (or raise why it was not)."""
-        if self._thread is not None:
-            raise RuntimeError("ShopServer already started")
-        self._ready.clear()
-        self._error = None
-        self._thread = threading.Thread(target=self._run, name="shop-server", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"shop server did not start within {timeout} s")
-        if self._error is not None:
-            err = self._error
-            self.stop()
-            raise RuntimeError("shop server failed to start") from err
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving; never hangs longer than ``timeout`` (the thread is a daemon)."""
-        thread, loop, stop_event = self._thread, self._loop, self._stop_event
-        if thread is None:
-            return
-        if loop is not None and stop_event is not None:
-            # The loop may already be closed if startup failed; nothing to wake then.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop_event.set)
-        thread.join(timeout)
-        self._thread = None
-        self._port = None
-
     def stats(self) -> dict[str, object]:
         """Same as ``GET /__stats`` but without an HTTP request (so it does not disturb timing).
 
-        Read on the server's loop (see :meth:`_on_loop`) so it is as consistent as
-        ``/__stats``: once a client has its full response, ``in_flight`` no longer counts it.
+        Read on the server's loop (see :meth:`~ThreadedServer.on_loop`) so it is as consistent
+        as ``/__stats``: once a client has its full response, ``in_flight`` no longer counts it.
         """
-        return self._on_loop(self._state.snapshot)
+        return self.on_loop(self._state.snapshot)
 
     def request_log(self) -> list[list[float | str]]:
         """Same as ``GET /__log``."""
-        return self._on_loop(self._state.log_snapshot)
+        return self.on_loop(self._state.log_snapshot)
 
     def reset(self) -> None:
         """Same as ``POST /__reset``."""
         self._state.reset()
-
-    def _on_loop(self, read: Callable[[], _T]) -> _T:
-        """Run ``read`` on the server loop when it is running, else directly.
-
-        Reading from this thread alone races the server: a client can receive the last byte
-        of a response while the server thread has yet to run the ``finally`` that decrements
-        ``in_flight``.  A callback queued on the loop runs only after that handler step has
-        completed (nothing between writing the body and the ``finally`` suspends), which is
-        the same ordering ``GET /__stats`` gets.
-        """
-        loop, thread = self._loop, self._thread
-        if (
-            loop is None
-            or thread is None
-            or thread.ident == threading.get_ident()
-            or loop.is_closed()
-            or not loop.is_running()
-        ):
-            return read()
-        done: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                done.set_result(read())
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        try:
-            loop.call_soon_threadsafe(run)
-            return done.result(timeout=_LOOP_READ_TIMEOUT)
-        except (RuntimeError, concurrent.futures.TimeoutError):
-            # Loop closed or stuck: a lock-protected direct read is still correct, just racy.
-            return read()
-
-    def __enter__(self) -> ShopServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported to start(); a thread must not die silently
-            self._error = exc
-        finally:
-            self._ready.set()
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    async def _serve(self) -> None:
-        self._stop_event = asyncio.Event()
-        app = make_app(self.cfg, state=self._state)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, self.host, self._requested_port)
-            await site.start()
-            self._port = _bound_port(runner)
-            self._ready.set()
-            await self._stop_event.wait()
-        finally:
-            await runner.cleanup()
 
 
 def serve_forever(host: str, port: int, cfg: ShopConfig) -> None:
@@ -488,24 +364,7 @@ def serve_forever(host: str, port: int, cfg: ShopConfig) -> None:
     Prints exactly one line with the real seed URL (so ``port=0`` is usable by scripts that
     read it) and returns normally on a signal so the process exits 0 without a traceback.
     """
-    asyncio.run(_serve_until_signal(host, port, cfg))
-
-
-async def _serve_until_signal(host: str, port: int, cfg: ShopConfig) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(make_app(cfg), access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = _bound_port(runner)
-        print(f"serving shop at http://{host}:{bound}/list/1 ({cfg.products} products)")
-        sys.stdout.flush()
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    server = ShopServer(cfg, host, port)
+    server.serve_until_signal(
+        lambda: print(f"serving shop at {server.seed_url} ({cfg.products} products)", flush=True)
+    )

@@ -11,6 +11,7 @@
   from the trap pages.
 
 A crawl of it must end on its own with every product stored and every trap cut at its limit.
+:class:`TrapServer` serves it from a background thread.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections import Counter
 from datetime import date, timedelta
 
 from aiohttp import web
+
+from .server import ThreadedServer
 
 PRODUCTS = 20
 FACETS = {
@@ -64,6 +67,8 @@ def _products(k: int = 3, start: int = 0) -> str:
 
 
 class TrapSite:
+    """The trap site's pages and its request counters (serve :meth:`app`, or use TrapServer)."""
+
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
         #: Requests per exact path and query (to prove one URL was fetched once).
@@ -162,3 +167,26 @@ class TrapSite:
             # Reachable only from one near-duplicate page: proof its links were followed.
             return _html(f"<p>Leaf {raw_path[6:]}</p>")
         return web.Response(status=404)
+
+
+class TrapServer(ThreadedServer):
+    """A :class:`TrapSite` served from a background thread; ``site`` holds its counters.
+
+    Counters live on the site, not the app, so they outlive a stop/start like the shop's.
+    """
+
+    label = "trap server"
+
+    def __init__(
+        self, site: TrapSite | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        super().__init__(host, port)
+        self.site = site if site is not None else TrapSite()
+
+    def make_app(self) -> web.Application:
+        return self.site.app()
+
+    @property
+    def seed_url(self) -> str:
+        """The home page, which links every product and every trap."""
+        return f"{self.base_url}/"
