@@ -52,6 +52,8 @@ def test_unknown_spider_file(tmp_path: Path) -> None:
         str(tmp_path / "x.db"),
         "--spider",
         str(tmp_path / "missing.py") + ":S",
+        "--allow-private",
+        "127.0.0.1",
     )
     _assert_one_line_error(res, "spider file not found")
 
@@ -64,7 +66,14 @@ def test_unreadable_database(tmp_path: Path) -> None:
         run_cli("export", "--db", str(tmp_path / "none.db")), "no crawl database"
     )
     _assert_one_line_error(run_cli("crawl", "--db", str(tmp_path / "none.db")), "no seed URLs")
-    res = run_cli("crawl", "http://127.0.0.1:9/", "--db", str(tmp_path / "no/dir/x.db"))
+    res = run_cli(
+        "crawl",
+        "http://127.0.0.1:9/",
+        "--db",
+        str(tmp_path / "no/dir/x.db"),
+        "--allow-private",
+        "127.0.0.1",
+    )
     _assert_one_line_error(res, "missing")
 
 
