@@ -1,0 +1,748 @@
+"""The in-memory frontier: the same contract over indexed Python structures, in this process.
+
+**Not durable.** Every row lives in this process: a crash, or closing the last handle on it,
+loses the crawl. What it is for: the scheduler simulator and fast tests, which want the real
+policy (``scheduler.py``, the same as on SQLite and PostgreSQL) without a file or a server.
+``open_frontier("memory:")`` gives a private crawl; ``memory:NAME`` names one that every handle
+opened with the same name in this process shares (threads, like processes on one SQLite file)
+until the last of them closes.
+
+A transaction is one lock held around the scheduler's function; there is no rollback, which is
+safe because the scheduler checks everything that can refuse (fences, control values) before its
+first write. Lease tokens and back-off jitter come from ``rng`` (seed it: ``rng=Random(7)``).
+
+Indexed so that a lease costs about what it grants times log n, not the size of the crawl:
+
+* per host, its queued URLs in one heap per priority, by (due_at, url_id);
+* hosts that may be ready in a heap by ``next_allowed_at``, and hosts waiting for a time (their
+  token, back-off or first due URL) in a heap by that time;
+* leases by expiry, finished URLs by ``next_fetch_at``, queued URLs by ``due_at`` (progress).
+
+Every heap is lazy: an entry carries the sequence number its row had when it was pushed and is
+dropped when popped if the row has moved on since (state changed, refiled).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from ..politeness import allowance
+from .base import (
+    DEFERRED,
+    DISALLOWED,
+    DONE,
+    FAILED,
+    LEASED,
+    QUEUED,
+    ROBOTS,
+    STATES,
+    Completion,
+    FrontierError,
+    FrontierStats,
+    Lease,
+    NewURL,
+    Progress,
+)
+from .scheduler import Scheduler
+from .store import (
+    DONE_COLUMNS,
+    ERROR_COLUMNS,
+    FAIL_COLUMNS,
+    HOST_COLUMNS,
+    PICK_COLUMNS,
+    RECORD_COLUMNS,
+    REPARSE_COLUMNS,
+    REPORT_COLUMNS,
+    SCHEMA_VERSION,
+    STREAMS,
+    URL_COLUMNS,
+    FailRow,
+    Grant,
+    HostRow,
+    PickRow,
+    done_values,
+    first_live,
+)
+
+T = TypeVar("T")
+
+
+class _Url:
+    """One ``urls`` row, plus ``seq``: which heap entry of it is current."""
+
+    __slots__ = (*URL_COLUMNS, "seq")
+
+    def __init__(self, url_id: int, u: NewURL, now: float) -> None:
+        for col in URL_COLUMNS:
+            setattr(self, col, None)
+        self.url_id, self.url, self.host_key, self.reason = url_id, u.url, u.host_key, u.reason
+        self.version, self.priority, self.depth, self.due_at = 1, u.priority, u.depth, now
+        self.discovered_at, self.attempts, self.kind, self.hops = now, 0, u.kind, u.hops
+        self.seq = 0
+
+
+class _Host:
+    """One ``hosts`` row, plus its queues and where it is filed in the ready index."""
+
+    __slots__ = (*HOST_COLUMNS, "queues", "deferred", "rseq", "wake")
+
+    def __init__(self, host_key: str) -> None:
+        for col in HOST_COLUMNS:
+            setattr(self, col, None)
+        self.host_key = host_key
+        self.next_allowed_at = self.backoff_until = 0.0
+        self.in_flight = self.queued = self.error_streak = self.paused = 0
+        self.budget_used = self.robots_failures = 0
+        #: priority -> heap of (due_at, seq, url_id) of queued URLs.
+        self.queues: dict[int, list[tuple[float, int, int]]] = {}
+        self.deferred: set[int] = set()
+        #: Sequence number of the current ready-index entry, and the time it wakes at (None:
+        #: not filed; -inf: in the ready heap).
+        self.rseq = 0
+        self.wake: float | None = None
+
+    def row(self) -> HostRow:
+        return HostRow(*(getattr(self, c) for c in HOST_COLUMNS))
+
+
+class MemoryStore:
+    """All rows of one in-memory crawl and the ``store.Store`` operations on them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.handles = 0
+        self.urls: list[_Url | None] = [None]  # by url_id (dense, from 1)
+        self.by_url: dict[str, _Url] = {}
+        self.hosts: dict[str, _Host] = {}
+        self.by_state: Counter[str] = Counter()
+        self.seq = itertools.count(1)
+        self.ready: list[tuple[float, int, str]] = []  # (next_allowed_at, rseq, host)
+        self.parked: list[tuple[float, int, str]] = []  # (wake, rseq, host)
+        self.leases: list[tuple[float, int, int]] = []  # (expires_at, seq, url_id)
+        self.refetch: list[tuple[float, int, int]] = []  # (next_fetch_at, seq, url_id)
+        self.due: list[tuple[float, int, int]] = []  # (due_at, seq, url_id) of queued URLs
+        self.record_rows: dict[str, list[Any]] = {}
+        self._record_keys: list[str] | None = []
+        self.events: list[tuple[Any, ...]] = []
+        self.event_keys: set[tuple[int, int]] = set()
+        self.bodies: dict[str, tuple[Any, ...]] = {}
+        self.lease_log: list[tuple[Any, ...]] = []
+        self.counters: Counter[str] = Counter()
+        self.meta: dict[str, str] = {}
+        self.seeds: set[str] = set()
+        self.deliveries: dict[str, int] = {}
+        self.partitions: dict[int, tuple[str | None, int, float]] = {}
+
+    # -- the state machine and its indexes (the triggers of the SQL backends) -------------------
+
+    def _host(self, key: str) -> _Host:
+        h = self.hosts.get(key)
+        if h is None:
+            h = self.hosts[key] = _Host(key)
+        return h
+
+    def _set_state(self, u: _Url, state: str) -> None:
+        """Move a URL to ``state``, keeping its host's counts (I6) and the indexes."""
+        old, h = u.state, self.hosts[u.host_key]
+        if old == state:
+            return
+        if old is not None:
+            self.by_state[old] -= 1
+        if old == QUEUED:
+            h.queued -= 1
+        elif old == LEASED:
+            h.in_flight -= 1
+            self._file(h)  # a slot is free again
+        elif old == DEFERRED:
+            h.deferred.discard(u.url_id)
+        u.state = state
+        self.by_state[state] += 1
+        u.seq = next(self.seq)
+        if state == QUEUED:
+            h.queued += 1
+            heapq.heappush(h.queues.setdefault(u.priority, []), (u.due_at, u.seq, u.url_id))
+            heapq.heappush(self.due, (u.due_at, u.seq, u.url_id))
+            at = max(h.next_allowed_at, h.backoff_until, u.due_at)
+            if h.wake is None or h.wake > at:
+                self._file(h, at)
+        elif state == LEASED:
+            h.in_flight += 1
+            heapq.heappush(self.leases, (u.lease_expires_at, u.seq, u.url_id))
+        elif state == DONE and u.next_fetch_at is not None:
+            heapq.heappush(self.refetch, (u.next_fetch_at, u.seq, u.url_id))
+        elif state == DEFERRED:
+            h.deferred.add(u.url_id)
+
+    def _file(self, h: _Host, at: float | None = None) -> None:
+        """(Re)file a host in the ready index: it may be eligible from ``at`` on."""
+        h.rseq += 1
+        h.wake = max(h.next_allowed_at, h.backoff_until) if at is None else at
+        heapq.heappush(self.parked, (h.wake, h.rseq, h.host_key))
+
+    def _live(
+        self, heap: list[tuple[float, int, int]], state: str
+    ) -> tuple[float, int, int] | None:
+        """The first current entry of a (key, seq, url_id) heap, dropping stale ones."""
+        while heap:
+            _, seq, uid = heap[0]
+            u = self.urls[uid]
+            if u is not None and u.state == state and u.seq == seq:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def _scan(
+        self,
+        heap: list[tuple[float, int, int]],
+        state: str,
+        until: float,
+        limit: float,
+        want: Callable[[_Url], bool] | None = None,
+    ) -> list[_Url]:
+        """Up to ``limit`` current entries (that ``want``) with a key up to ``until``, in heap
+        order; the heap keeps them (only stale entries are dropped)."""
+        out: list[_Url] = []
+        taken: list[tuple[float, int, int]] = []
+        while len(out) < limit and self._live(heap, state) is not None and heap[0][0] <= until:
+            e = heapq.heappop(heap)
+            taken.append(e)
+            u = self.urls[e[2]]
+            assert u is not None
+            if want is None or want(u):
+                out.append(u)
+        for e in taken:
+            heapq.heappush(heap, e)
+        return out
+
+    def _min_due(self, h: _Host) -> float:
+        tops = (self._live(q, QUEUED) for q in h.queues.values())
+        return min((t[0] for t in tops if t is not None), default=math.inf)
+
+    def _leased(self) -> Iterable[_Url]:
+        for _, seq, uid in self.leases:
+            u = self.urls[uid]
+            if u is not None and u.state == LEASED and u.seq == seq:
+                yield u
+
+    # -- transaction-wide ------------------------------------------------------------------------
+
+    def bump(self, name: str, n: int) -> None:
+        if n:
+            self.counters[name] += n
+
+    def lock_hosts(self, keys: Iterable[str], *, skip_locked: bool = False) -> dict[str, HostRow]:
+        return {k: self.hosts[k].row() for k in keys if k in self.hosts}
+
+    def ensure_hosts(self, keys: Iterable[str]) -> None:
+        for k in keys:
+            self._host(k)
+
+    def update_hosts(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        if not set(columns) <= set(HOST_COLUMNS):
+            raise ValueError(f"not host columns: {columns}")
+        for row in rows:
+            h = self.hosts[row[-1]]
+            for col, value in zip(columns, row, strict=False):
+                setattr(h, col, value)
+            self._file(h)
+
+    # -- leasing -------------------------------------------------------------------------------
+
+    def crawl_paused(self) -> bool:
+        return self.meta.get("paused") == "1"
+
+    def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
+        while self.parked and self.parked[0][0] <= now:
+            _, rseq, key = heapq.heappop(self.parked)
+            h = self.hosts[key]
+            if h.rseq == rseq:
+                h.wake = -math.inf
+                heapq.heappush(self.ready, (h.next_allowed_at, rseq, key))
+        out: list[HostRow] = []
+        keep: list[tuple[float, int, str]] = []
+        while self.ready and len(out) < limit:
+            entry = heapq.heappop(self.ready)
+            h = self.hosts[entry[2]]
+            if h.rseq != entry[1]:
+                continue
+            if not h.queued or h.paused:
+                h.wake = None  # a queued URL or a resume files it again
+                continue
+            at = max(h.next_allowed_at, h.backoff_until, self._min_due(h))
+            if at > now:
+                h.wake = at
+                heapq.heappush(self.parked, (at, h.rseq, h.host_key))
+                continue
+            keep.append(entry)
+            mif = h.max_in_flight if h.max_in_flight is not None else max_in_flight
+            if h.in_flight < allowance(mif, h.error_streak):
+                out.append(h.row())
+        for entry in keep:
+            heapq.heappush(self.ready, entry)
+        return out
+
+    def pick_urls(
+        self, host_key: str, now: float, limit: int, exclude: Sequence[int]
+    ) -> list[PickRow]:
+        h, skip = self.hosts[host_key], set(exclude)
+
+        def want(u: _Url) -> bool:
+            return u.kind != ROBOTS and u.url_id not in skip
+
+        out: list[_Url] = []
+        for prio in sorted(h.queues, reverse=True):
+            out += self._scan(h.queues[prio], QUEUED, now, limit - len(out), want)
+            if len(out) >= limit:
+                break
+        return [self.pick_row(u.url_id) for u in out]
+
+    def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None:
+        for uid in url_ids:
+            u = self.urls[uid]
+            assert u is not None
+            u.reason = reason
+            self._set_state(u, DISALLOWED)
+
+    def defer_queued(self, host_key: str, reason: str, *, robots_too: bool = False) -> int:
+        h, n = self.hosts.get(host_key), 0
+        if h is None:
+            return 0
+        for heap in h.queues.values():
+            for _, seq, uid in list(heap):
+                u = self.urls[uid]
+                if u and u.state == QUEUED and u.seq == seq and (robots_too or u.kind != ROBOTS):
+                    u.reason = reason
+                    self._set_state(u, DEFERRED)
+                    n += 1
+            heap[:] = [
+                e for e in heap if (u := self.urls[e[2]]) and u.seq == e[1] and u.state == QUEUED
+            ]
+            heapq.heapify(heap)
+        return n
+
+    def claim_url(self, url: str) -> tuple[int, str, str] | None:
+        u = self.by_url.get(url)
+        return None if u is None else (u.url_id, u.state, u.kind)
+
+    def make_robots(self, url_id: int, now: float, *, new_round: bool) -> None:
+        u = self.urls[url_id]
+        assert u is not None
+        u.kind = ROBOTS
+        if new_round:
+            u.version, u.due_at, u.reason = u.version + 1, now, None
+            self._set_state(u, QUEUED)
+
+    def pick_row(self, url_id: int) -> PickRow:
+        u = self.urls[url_id]
+        return tuple(getattr(u, c) for c in PICK_COLUMNS)
+
+    def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
+        for g in grants:
+            for i, ls in enumerate(g.leases):
+                u = self.urls[ls.url_id]
+                assert u is not None
+                u.lease_owner, u.lease_token, u.lease_expires_at = owner, ls.token, expires
+                u.leased_at = now
+                self._set_state(u, LEASED)
+                self.lease_log.append(
+                    (len(self.lease_log) + 1, g.host_key, ls.url_id, ls.kind, now, ls.due_at,
+                     g.min_gap, g.allowance, g.in_flight + i)
+                )  # fmt: skip
+            h = self.hosts[g.host_key]
+            h.next_allowed_at, h.budget_used, h.budget_day = (
+                g.next_allowed_at,
+                g.budget_used,
+                g.budget_day,
+            )
+            self._file(h)
+
+    def expired_leases(self, now: float) -> list[tuple[int, str]]:
+        return [(u.url_id, u.host_key) for u in self._scan(self.leases, LEASED, now, math.inf)]
+
+    def _requeue(self, u: _Url, due_at: float | None = None) -> None:
+        u.lease_owner = u.lease_token = u.lease_expires_at = None
+        if due_at is not None:
+            u.due_at = due_at
+        self._set_state(u, QUEUED)
+
+    def requeue_leases(self, url_ids: Sequence[int], now: float) -> int:
+        n = 0
+        for uid in url_ids:
+            u = self.urls[uid]
+            if u is not None and u.state == LEASED and u.lease_expires_at <= now:
+                self._requeue(u, now)
+                n += 1
+        return n
+
+    def leased_hosts(self, owner: str) -> list[str]:
+        return sorted({u.host_key for u in self._leased() if u.lease_owner == owner})
+
+    def release_owner(self, owner: str) -> int:
+        mine = [u for u in self._leased() if u.lease_owner == owner]
+        for u in mine:
+            self._requeue(u)
+        return len(mine)
+
+    # -- completion and failure ----------------------------------------------------------------
+
+    def _fenced(self, url_id: int, version: int, token: int) -> _Url | None:
+        u = self.urls[url_id] if 0 < url_id < len(self.urls) else None
+        if u is None or u.state != LEASED or u.version != version or u.lease_token != token:
+            return None
+        return u
+
+    def finish(self, completions: Sequence[Completion]) -> list[bool]:
+        out = []
+        for c in completions:
+            u = self._fenced(c.lease.url_id, c.lease.version, c.lease.token)
+            out.append(u is not None)
+            if u is None:
+                continue
+            for (col, keep), value in zip(DONE_COLUMNS, done_values(c), strict=True):
+                if value is not None or not keep:
+                    setattr(u, col, value)
+            u.attempts, u.lease_owner, u.lease_token, u.lease_expires_at = 0, None, None, None
+            self._set_state(u, DONE)
+        return out
+
+    def live_leases(self, leases: Sequence[Lease]) -> list[bool]:
+        live = {}
+        for ls in leases:
+            u = self.urls[ls.url_id] if 0 < ls.url_id < len(self.urls) else None
+            if u is not None and u.state == LEASED:
+                live[u.url_id] = (u.version, u.lease_token)
+        return first_live(leases, live)
+
+    def fail_leases(self, rows: Sequence[FailRow]) -> None:
+        for row in rows:
+            u = self._fenced(*row[-3:])
+            if u is None:
+                continue
+            state, u.due_at, u.last_error, u.reason = row[:4]
+            for col, value in zip(FAIL_COLUMNS[4:], row[4:9], strict=True):
+                if value is not None:
+                    setattr(u, col, value)
+            u.attempts += 1
+            u.lease_owner = u.lease_token = u.lease_expires_at = None
+            self._set_state(u, state)
+
+    def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
+        n = 0
+        for new in urls:
+            if new.url in self.by_url:
+                continue
+            u = _Url(len(self.urls), new, now)
+            self.urls.append(u)
+            self.by_url[new.url] = u
+            self._host(new.host_key)
+            self._set_state(u, new.state)
+            n += 1
+        return n
+
+    def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        for rid, source, key, url, data, chash, now, _ in rows:
+            rec = self.record_rows.get(rid)
+            if rec is None:
+                self.record_rows[rid] = [rid, source, key, url, data, chash, now, now]
+                self._record_keys = None
+            elif rec[5] != chash:
+                rec[3], rec[4], rec[5], rec[7] = url, data, chash, now
+
+    def insert_bodies(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        for row in rows:
+            self.bodies.setdefault(row[0], row)
+
+    def insert_events(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        for row in rows:
+            if (row[0], row[1]) not in self.event_keys:
+                self.event_keys.add((row[0], row[1]))
+                self.events.append((len(self.events) + 1, *row))
+
+    def redirect_target(self, url: str) -> str | None:
+        u = self.by_url.get(url)
+        return None if u is None else u.redirect_to
+
+    def set_last_error(self, rows: Sequence[tuple[str, int]]) -> None:
+        for message, uid in rows:
+            self.urls[uid].last_error = message  # type: ignore[union-attr]
+
+    def reparse_outcome(self, rows: Sequence[tuple[str | None, int]]) -> None:
+        for error, uid in rows:
+            u = self.urls[uid]
+            if u is None:
+                continue
+            u.last_error = error
+            if error is None:
+                u.reason = None
+                if u.state == FAILED:
+                    self._set_state(u, DONE)
+
+    # -- rounds, deferral ----------------------------------------------------------------------
+
+    def due_rounds(self, now: float, limit: int) -> list[tuple[int, str]]:
+        due = self._scan(self.refetch, DONE, now, limit, lambda u: u.kind != ROBOTS)
+        return [(u.url_id, u.host_key) for u in due]
+
+    def start_rounds(self, url_ids: Sequence[int]) -> int:
+        n = 0
+        for uid in url_ids:
+            u = self.urls[uid]
+            if u is not None and u.state == DONE:
+                u.version, u.due_at, u.attempts, u.reason = u.version + 1, u.next_fetch_at, 0, None
+                self._set_state(u, QUEUED)
+                n += 1
+        return n
+
+    def deferred_hosts(self) -> list[str]:
+        return sorted(k for k, h in self.hosts.items() if h.deferred or h.robots_failures > 0)
+
+    def requeue_deferred(self, host_key: str | None = None, reason: str | None = None) -> int:
+        hosts = self.hosts.values() if host_key is None else [self.hosts[host_key]]
+        n = 0
+        for h in list(hosts):
+            for uid in sorted(h.deferred):
+                u = self.urls[uid]
+                assert u is not None
+                if reason is None or u.reason == reason:
+                    u.reason = None
+                    self._set_state(u, QUEUED)
+                    n += 1
+        return n
+
+    def reset_robots_failures(self) -> None:
+        for h in self.hosts.values():
+            h.robots_failures = 0
+
+    # -- partitions, meta, seeds, cursors ------------------------------------------------------
+
+    def partition(self, partition: int, *, create: bool) -> tuple[str | None, int, float] | None:
+        if create:
+            self.partitions.setdefault(partition, (None, 0, 0.0))
+        return self.partitions.get(partition)
+
+    def set_partition(self, partition: int, owner: str, epoch: int, expires_at: float) -> None:
+        self.partitions[partition] = (owner, epoch, expires_at)
+
+    def renew_partition(self, partition: int, owner: str, epoch: int, expires_at: float) -> bool:
+        if self.partitions.get(partition, (None, -1, 0.0))[:2] != (owner, epoch):
+            return False
+        self.partitions[partition] = (owner, epoch, expires_at)
+        return True
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.meta[key] = value
+
+    def add_seeds(self, host_keys: Sequence[str]) -> None:
+        self.seeds.update(host_keys)
+
+    def set_cursor(self, consumer: str, cursor: int) -> None:
+        self.deliveries[consumer] = max(self.deliveries.get(consumer, cursor), cursor)
+
+    # -- read side -----------------------------------------------------------------------------
+
+    def progress(self, now: float) -> Progress:
+        queued, leased = self.by_state[QUEUED], self.by_state[LEASED]
+        ready = min(
+            (max(h.next_allowed_at, h.backoff_until) for h in self.hosts.values() if h.queued),
+            default=None,
+        )
+        due = self._live(self.due, QUEUED) if queued else None
+        exp = self._live(self.leases, LEASED) if leased else None
+        refetch = self._live(self.refetch, DONE)
+        return Progress(
+            queued,
+            leased,
+            None if due is None else due[0],
+            None if exp is None else exp[0],
+            ready,
+            None if refetch is None else refetch[0],
+        )
+
+    def stats(self) -> FrontierStats:
+        return FrontierStats(
+            urls_by_state={s: self.by_state[s] for s in STATES},
+            hosts=len(self.hosts),
+            records=len(self.record_rows),
+            events=len(self.events),
+            counters={k: v for k, v in self.counters.items() if v},
+            meta=dict(self.meta),
+        )
+
+    def _all_urls(self) -> Iterable[_Url]:
+        return itertools.islice(self.urls, 1, None)  # type: ignore[arg-type]
+
+    def aggregates(self) -> dict[str, Any]:
+        by_status = Counter(u.status_code for u in self._all_urls() if u.status_code is not None)
+        by_source = Counter(r[1] for r in self.record_rows.values())
+        return {
+            "urls": len(self.by_url),
+            "urls_by_state": {s: self.by_state[s] for s in STATES},
+            "fetched": sum(1 for u in self._all_urls() if u.fetched_at is not None),
+            "status_codes": dict(sorted(by_status.items())),
+            "body_bytes": sum(u.body_bytes or 0 for u in self._all_urls()),
+            "records": len(self.record_rows),
+            "records_by_source": dict(sorted(by_source.items())),
+            "events": len(self.events),
+        }
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        return [{c: getattr(self.hosts[k], c) for c in REPORT_COLUMNS} for k in sorted(self.hosts)]
+
+    def audit_facts(self) -> tuple[list[tuple[str, int]], list[float], int]:
+        by_host: dict[str, list[tuple[Any, ...]]] = {}
+        for row in self.lease_log:
+            by_host.setdefault(row[1], []).append(row)
+        bad: list[tuple[str, int]] = []
+        for host, rows in sorted(by_host.items()):
+            rows.sort(key=lambda r: (r[4], r[0]))
+            # (id, host, url_id, kind, granted_at, eligible_at, min_gap, allowance, in_flight)
+            n = sum(
+                1
+                for p, r in zip([None, *rows], rows, strict=False)
+                if r[8] >= r[7] or (p is not None and r[4] < p[4] + p[6] - 1e-6)
+            )
+            if n:
+                bad.append((host, n))
+        delays = [max(0.0, r[4] - r[5]) for r in self.lease_log[-100_000:]]
+        return bad, delays, len(self.lease_log)
+
+    def delay_histogram(self, bounds: Sequence[float]) -> dict[str, Any]:
+        delays = [max(0.0, r[4] - r[5]) for r in self.lease_log]
+        counts = [sum(1 for d in delays if d <= b) for b in bounds]
+        return {"counts": [*counts, len(delays)], "sum": float(sum(delays))}
+
+    def page(self, table: str, after: Any, limit: int) -> list[dict[str, Any]]:
+        names = STREAMS[table][0]
+        if table == "urls":
+            rows: Iterable[Any] = (
+                tuple(getattr(u, c) for c in names)
+                for u in itertools.islice(self.urls, max(after, 0) + 1, max(after, 0) + 1 + limit)
+                if u is not None
+            )
+        elif table == "events":
+            rows = self.events[max(after, 0) : max(after, 0) + limit]
+        else:
+            if self._record_keys is None:
+                self._record_keys = sorted(self.record_rows)
+            i = bisect.bisect_right(self._record_keys, after)
+            rows = (self.record_rows[k] for k in self._record_keys[i : i + limit])
+        return [dict(zip(names, r, strict=True)) for r in rows]
+
+    def known_urls(self) -> list[str]:
+        return list(self.by_url)
+
+    def existing_urls(self, candidates: Sequence[str]) -> set[str]:
+        return {c for c in candidates if c in self.by_url}
+
+    def lease_owners(self) -> list[str]:
+        return sorted({u.lease_owner for u in self._leased() if u.lease_owner})
+
+    def get_meta(self, key: str) -> str | None:
+        return self.meta.get(key)
+
+    def seed_hosts(self) -> frozenset[str]:
+        return frozenset(self.seeds)
+
+    def get_cursor(self, consumer: str) -> int:
+        return self.deliveries.get(consumer, 0)
+
+    def records(self) -> list[dict[str, Any]]:
+        rows = sorted(self.record_rows.values(), key=lambda r: (r[1], r[2]))
+        return [dict(zip(RECORD_COLUMNS, r, strict=True)) for r in rows]
+
+    def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
+        return {d: (b[3], b[4], b[5], b[2]) for d in digests if (b := self.bodies.get(d))}
+
+    def body_digests(self) -> list[str]:
+        return list(self.bodies)
+
+    def simhashes(self) -> list[tuple[int, int, int | None]]:
+        return [
+            (u.url_id, u.simhash & 0xFFFFFFFFFFFFFFFF, u.near_dup_of)
+            for u in self._all_urls()
+            if u.simhash is not None
+        ]
+
+    def reparse_candidates(
+        self, where_failed: bool, after_id: int, limit: int
+    ) -> list[dict[str, Any]]:
+        def wanted(u: _Url) -> bool:
+            if u.warc_file is None or u.kind != "page":
+                return False
+            if where_failed:
+                return u.state == FAILED and (u.last_error or "").startswith("parse")
+            return u.state in (DONE, FAILED)
+
+        rest = itertools.islice(self.urls, max(after_id, 0) + 1, None)
+        hits = itertools.islice((u for u in rest if u is not None and wanted(u)), limit)
+        return [{c: getattr(u, c) for c in REPARSE_COLUMNS} for u in hits]
+
+    def recent_errors(self, limit: int) -> list[dict[str, Any]]:
+        errs = [u for u in self._all_urls() if u.last_error is not None]
+        errs.sort(key=lambda u: u.fetched_at if u.fetched_at is not None else u.due_at)
+        return [{c: getattr(u, c) for c in ERROR_COLUMNS} for u in errs[::-1][:limit]]
+
+    def url_row(self, url: str) -> dict[str, Any] | None:
+        u = self.by_url.get(url)
+        return None if u is None else {c: getattr(u, c) for c in URL_COLUMNS}
+
+    def host_row(self, host_key: str) -> dict[str, Any] | None:
+        h = self.hosts.get(host_key)
+        return None if h is None else h.row()._asdict()
+
+    def url_rows(self) -> list[dict[str, Any]]:
+        return [{c: getattr(u, c) for c in URL_COLUMNS} for u in self._all_urls()]
+
+    def host_rows(self) -> list[dict[str, Any]]:
+        return [self.hosts[k].row()._asdict() for k in sorted(self.hosts)]
+
+
+class MemoryFrontier(Scheduler):
+    """The frontier contract in this process's memory (see the module doc: not durable)."""
+
+    PREFIX: ClassVar[str] = "memory:"
+    _named: ClassVar[dict[str, MemoryStore]] = {}
+    _named_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self, name: str | None = None, *, create: bool = True, rng: random.Random | None = None
+    ) -> None:
+        with self._named_lock:
+            store = self._named.get(name) if name is not None else None
+            if store is None:
+                if name is not None and not create:
+                    raise FrontierError(f"no in-memory crawl {name!r} in this process")
+                store = MemoryStore()
+                if name is not None:
+                    self._named[name] = store
+            store.handles += 1
+        self.name = name
+        self._store = store
+        self._rng = rng if rng is not None else random.Random()
+        self._closed = False
+
+    def migrate(self) -> int:
+        return SCHEMA_VERSION
+
+    def _run(self, fn: Callable[[Any], T], *, write: bool = True, snapshot: bool = False) -> T:
+        if self._closed:
+            raise FrontierError("the in-memory frontier is closed")
+        with self._store.lock:
+            return fn(self._store)
+
+    def close(self) -> None:
+        with self._named_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._store.handles -= 1
+            if self.name is not None and self._store.handles == 0:
+                self._named.pop(self.name, None)
