@@ -76,17 +76,25 @@ T = TypeVar("T")
 
 
 class _Url:
-    """One ``urls`` row, plus ``seq``: which heap entry of it is current."""
+    """One ``urls`` row, plus ``seq``: which heap entry of it is current. A column never set
+    reads as None (NULL), so a new URL costs only the columns it has."""
 
     __slots__ = (*URL_COLUMNS, "seq")
 
     def __init__(self, url_id: int, u: NewURL, now: float) -> None:
-        for col in URL_COLUMNS:
-            setattr(self, col, None)
         self.url_id, self.url, self.host_key, self.reason = url_id, u.url, u.host_key, u.reason
         self.version, self.priority, self.depth, self.due_at = 1, u.priority, u.depth, now
         self.discovered_at, self.attempts, self.kind, self.hops = now, 0, u.kind, u.hops
+        self.state = None
         self.seq = 0
+
+    def __getattr__(self, name: str) -> None:
+        if name in _URL_SET:
+            return None
+        raise AttributeError(name)
+
+
+_URL_SET = frozenset(URL_COLUMNS)
 
 
 class _Host:
@@ -96,7 +104,7 @@ class _Host:
 
     def __init__(self, host_key: str) -> None:
         for col in HOST_COLUMNS:
-            setattr(self, col, None)
+            setattr(self, col, None)  # hosts are few: set every column
         self.host_key = host_key
         self.next_allowed_at = self.backoff_until = 0.0
         self.in_flight = self.queued = self.error_streak = self.paused = 0
@@ -168,11 +176,13 @@ class MemoryStore:
         u.seq = next(self.seq)
         if state == QUEUED:
             h.queued += 1
-            heapq.heappush(h.queues.setdefault(u.priority, []), (u.due_at, u.seq, u.url_id))
-            heapq.heappush(self.due, (u.due_at, u.seq, u.url_id))
-            at = max(h.next_allowed_at, h.backoff_until, u.due_at)
-            if h.wake is None or h.wake > at:
-                self._file(h, at)
+            entry = (u.due_at, u.seq, u.url_id)
+            heapq.heappush(h.queues.setdefault(u.priority, []), entry)
+            heapq.heappush(self.due, entry)
+            if h.wake is None or h.wake > u.due_at:
+                at = max(h.next_allowed_at, h.backoff_until, u.due_at)
+                if h.wake is None or h.wake > at:
+                    self._file(h, at)
         elif state == LEASED:
             h.in_flight += 1
             heapq.heappush(self.leases, (u.lease_expires_at, u.seq, u.url_id))
@@ -238,8 +248,10 @@ class MemoryStore:
         if n:
             self.counters[name] += n
 
-    def lock_hosts(self, keys: Iterable[str], *, skip_locked: bool = False) -> dict[str, HostRow]:
-        return {k: self.hosts[k].row() for k in keys if k in self.hosts}
+    def lock_hosts(
+        self, keys: Iterable[str], *, read: Iterable[str] = (), skip_locked: bool = False
+    ) -> dict[str, HostRow]:
+        return {k: self.hosts[k].row() for k in read if k in self.hosts}
 
     def ensure_hosts(self, keys: Iterable[str]) -> None:
         for k in keys:

@@ -508,10 +508,8 @@ class Scheduler:
     def _complete(
         self, s: Store, completions: Sequence[Completion], now: float, policy: HostPolicy
     ) -> list[bool]:
-        rows = s.lock_hosts(
-            {c.lease.host_key for c in completions}
-            | {u.host_key for c in completions for u in c.links}
-        )
+        own = {c.lease.host_key for c in completions}
+        rows = s.lock_hosts(own | {u.host_key for c in completions for u in c.links}, read=own)
         accepted = s.finish(completions)
         done = [c for c, ok in zip(completions, accepted, strict=True) if ok]
         pages = [c for c in done if c.lease.kind != ROBOTS]
@@ -651,7 +649,8 @@ class Scheduler:
     def _fail(
         self, s: Store, failures: Sequence[Failure], now: float, policy: HostPolicy
     ) -> list[bool]:
-        rows = s.lock_hosts({f.lease.host_key for f in failures})
+        own = {f.lease.host_key for f in failures}
+        rows = s.lock_hosts(own, read=own)
         # I3: the fence first, so a stale failure changes nothing, not even the host's back-off.
         accepted = s.live_leases([f.lease for f in failures])
         hosts: dict[str, dict[str, Any]] = {}
@@ -706,7 +705,8 @@ class Scheduler:
         expired = s.expired_leases(now)
         if not expired:
             return 0
-        held = s.lock_hosts({h for _, h in expired}, skip_locked=in_lease)
+        hosts = {h for _, h in expired}
+        held = s.lock_hosts(hosts, read=hosts, skip_locked=in_lease)
         n = s.requeue_leases([u for u, h in expired if h in held], now)
         s.bump("lease_expiries", n)
         return n

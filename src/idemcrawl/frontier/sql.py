@@ -52,6 +52,8 @@ class Dialect:
     rewrites: tuple[tuple[str, str], ...]
     #: ``{in}`` with n values; PostgreSQL passes the values as one array parameter.
     array_param: bool
+    #: Writers lock the rows they change (PostgreSQL); else whole transactions serialise.
+    row_locks: bool
     #: Most values one statement may bind (SQLite's limit; chunks above it).
     max_params: int = 900
 
@@ -74,11 +76,13 @@ SQLITE = Dialect(
         (r" FOR (UPDATE( SKIP LOCKED)?|SHARE)\b", ""),
     ),
     array_param=False,
+    row_locks=False,
 )
 POSTGRES = Dialect(
     "postgres",
     ((r" INDEXED BY \w+", ""), (r"%", "%%"), (r"\?", "%s")),
     array_param=True,
+    row_locks=True,
 )
 
 
@@ -209,15 +213,18 @@ class SQLStore:
 
     # -- hosts ---------------------------------------------------------------------------------
 
-    def lock_hosts(self, keys: Iterable[str], *, skip_locked: bool = False) -> dict[str, HostRow]:
-        ordered = sorted(set(keys))
+    def lock_hosts(
+        self, keys: Iterable[str], *, read: Iterable[str] = (), skip_locked: bool = False
+    ) -> dict[str, HostRow]:
+        wanted = set(read)
+        ordered = sorted(set(keys) | wanted if self.dialect.row_locks else wanted)
         out: dict[str, HostRow] = {}
         if not ordered:
             return out
         lock = " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
         query = f"SELECT {HOST_COLS} FROM hosts WHERE host_key {{in}} ORDER BY host_key" + lock
         for cur in self._in(query, ordered, cast="text"):
-            out.update((r[0], HostRow(*r)) for r in cur.fetchall())
+            out.update((r[0], HostRow(*r)) for r in cur.fetchall() if r[0] in wanted)
         return out
 
     def ensure_hosts(self, keys: Iterable[str]) -> None:

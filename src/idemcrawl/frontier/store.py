@@ -225,11 +225,13 @@ class Store(Protocol):
         """Add to a named counter; counters are written last, in name order, before COMMIT."""
         ...
 
-    def lock_hosts(self, keys: Iterable[str], *, skip_locked: bool = False) -> dict[str, HostRow]:
-        """The rows of the existing hosts among ``keys``. Engines with row locks take them now,
-        in key order, for the rest of the transaction (every writer locks its hosts first, so
-        writers queue instead of deadlocking); ``skip_locked`` leaves out rows another
-        transaction holds instead of waiting for them."""
+    def lock_hosts(
+        self, keys: Iterable[str], *, read: Iterable[str] = (), skip_locked: bool = False
+    ) -> dict[str, HostRow]:
+        """Take the rows of the hosts ``keys`` for this transaction and return the current rows
+        of those in ``read`` (a subset) that exist. Engines with row locks lock them now, in key
+        order (every writer locks its hosts first, so writers queue instead of deadlocking);
+        ``skip_locked`` leaves out rows another transaction holds instead of waiting."""
         ...
 
     def ensure_hosts(self, keys: Iterable[str]) -> None:
