@@ -34,7 +34,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from ..politeness import allowance
 from .base import (
     DEFERRED,
     DISALLOWED,
@@ -51,7 +50,7 @@ from .base import (
     NewURL,
     Progress,
 )
-from .scheduler import Scheduler
+from .scheduler import Scheduler, host_ready
 from .store import (
     DONE_COLUMNS,
     ERROR_COLUMNS,
@@ -294,9 +293,9 @@ class MemoryStore:
                 heapq.heappush(self.parked, (at, h.rseq, h.host_key))
                 continue
             keep.append(entry)
-            mif = h.max_in_flight if h.max_in_flight is not None else max_in_flight
-            if h.in_flight < allowance(mif, h.error_streak):
-                out.append(h.row())
+            row = h.row()
+            if host_ready(row, now, max_in_flight):
+                out.append(row)
         for entry in keep:
             heapq.heappush(self.ready, entry)
         return out

@@ -89,9 +89,10 @@ BLOCKED = "blocked by operator"
 def host_ready(h: HostRow, now: float, max_in_flight: int) -> bool:
     """Level 1 (R6-R8): may ``h`` be granted a lease at ``now``, its queue aside?
 
-    Stores select with this predicate (``sql.READY_HOSTS`` is it in SQL, index-friendly, plus
-    "some queued URL is due", so that a host holding only future retries cannot sit at the head
-    of the window and starve ready hosts behind it).
+    ``Store.ready_hosts`` selects with this predicate plus "some queued URL is due" (so that a
+    host holding only future retries cannot sit at the head of the window and starve ready
+    hosts behind it): ``sql.READY_HOSTS`` is it in SQL, index-friendly; the memory store calls
+    it.
     """
     configured = h.max_in_flight if h.max_in_flight is not None else max_in_flight
     return (
@@ -117,12 +118,12 @@ def budget_day(now: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(now))
 
 
-def budget_left(h: HostRow, now: float, policy: HostPolicy) -> float:
-    """Fetches the host may still start today (inf without a budget)."""
+def budget_left(h: HostRow, day: str, policy: HostPolicy) -> float:
+    """Fetches the host may still start on ``day`` (inf without a budget)."""
     budget = h.budget if h.budget is not None else policy.daily_budget
     if budget is None:
         return math.inf
-    used = h.budget_used if h.budget_day == budget_day(now) else 0
+    used = h.budget_used if h.budget_day == day else 0
     return max(0, budget - used)
 
 
@@ -320,12 +321,11 @@ class Scheduler:
             return []  # the operator paused the whole crawl (idemcrawl control pause)
         grants: list[Grant] = []
         granted = 0
+        day = budget_day(now)
         for h in s.ready_hosts(now, policy.max_in_flight, limit * 2 + 8):
             if granted >= limit:
                 break
-            if not host_ready(h, now, policy.max_in_flight):
-                continue
-            g = self._lease_host(s, h, owner, limit - granted, now, expires, policy)
+            g = self._lease_host(s, h, owner, limit - granted, now, day, expires, policy)
             if g is not None:
                 grants.append(g)
                 granted += len(g.leases)
@@ -341,6 +341,7 @@ class Scheduler:
         owner: str,
         room: int,
         now: float,
+        day: str,
         expires: float,
         policy: HostPolicy,
     ) -> Grant | None:
@@ -353,7 +354,7 @@ class Scheduler:
             cap = policy.robots.settings.crawl_delay_cap
             state = state_from_row(h._asdict())
             if needs_fetch(state, now):
-                return self._lease_robots(s, h, owner, now, expires, configured, policy)
+                return self._lease_robots(s, h, owner, now, day, expires, configured, policy)
             assert state is not None
             reason = defer_reason(state, h.robots_failures, policy)
             if reason is not None:
@@ -365,7 +366,7 @@ class Scheduler:
             configured, state.crawl_delay if state else h.crawl_delay, cap, h.latency_ewma, policy
         )
         allow = allowance(max_in_flight, h.error_streak)
-        left = budget_left(h, now, policy)
+        left = budget_left(h, day, policy)
         if left <= 0:
             self._defer_host(s, h.host_key, "daily fetch budget exhausted")
             s.bump("budget_exhausted", 1)
@@ -398,7 +399,7 @@ class Scheduler:
                 s.bump("robots_disallowed", len(refused))
             if not refused or len(rows) < want:
                 break  # nothing more was refused, or the host's queue is exhausted
-        return self._grant_of(h, picked, PAGE, owner, now, expires, delay, allow)
+        return self._grant_of(h, picked, PAGE, owner, now, day, expires, delay, allow)
 
     def _lease_robots(
         self,
@@ -406,6 +407,7 @@ class Scheduler:
         h: HostRow,
         owner: str,
         now: float,
+        day: str,
         expires: float,
         delay: float,
         policy: HostPolicy,
@@ -430,7 +432,8 @@ class Scheduler:
         if state != QUEUED or kind != ROBOTS:
             # A finished copy is fetched again as a new round of the URL (R4).
             s.make_robots(url_id, now, new_round=state != QUEUED)
-        return self._grant_of(h, [s.pick_row(url_id)], ROBOTS, owner, now, expires, delay, allow)
+        row = s.pick_row(url_id)
+        return self._grant_of(h, [row], ROBOTS, owner, now, day, expires, delay, allow)
 
     def _grant_of(
         self,
@@ -439,6 +442,7 @@ class Scheduler:
         kind: str,
         owner: str,
         now: float,
+        day: str,
         expires: float,
         delay: float,
         allow: int,
@@ -450,7 +454,6 @@ class Scheduler:
             lease_from_row(r, h.host_key, self._rng.getrandbits(62) or 1, owner, expires, kind)
             for r in rows
         ]
-        day = budget_day(now)
         used = (h.budget_used if h.budget_day == day else 0) + len(leases)
         return Grant(h.host_key, leases, delay, allow, h.in_flight, now + delay, day, used)
 

@@ -14,11 +14,10 @@ the operations it does set-based with ``unnest`` and its locking hooks, nothing 
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..politeness import MAX_STREAK_SHIFT
@@ -56,12 +55,17 @@ class Dialect:
     row_locks: bool
     #: Most values one statement may bind (SQLite's limit; chunks above it).
     max_params: int = 900
+    #: Statements already rewritten (a bounded set: the SQL of this module).
+    cache: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
-    @functools.lru_cache(maxsize=1024)  # noqa: B019 - two dialect objects, a bounded set of SQL
     def sql(self, text: str) -> str:
-        for pattern, repl in self.rewrites:
-            text = re.sub(pattern, repl, text, flags=re.DOTALL)
-        return text
+        out = self.cache.get(text)
+        if out is None:
+            out = text
+            for pattern, repl in self.rewrites:
+                out = re.sub(pattern, repl, out, flags=re.DOTALL)
+            self.cache[text] = out
+        return out
 
 
 SQLITE = Dialect(
@@ -114,6 +118,11 @@ DONE_SET = ", ".join(
     "lease_expires_at = NULL"
 )
 FENCE = "url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?"
+FINISH = f"UPDATE urls SET {DONE_SET} WHERE {FENCE}"
+PICK_URLS = (
+    f"SELECT {PICK_COLS} FROM urls WHERE host_key = ? AND state = 'queued' AND due_at <= ? "
+    "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT ? FOR UPDATE SKIP LOCKED"
+)
 
 INSERT_URL = (
     "INSERT INTO urls(url, host_key, state, reason, priority, depth, due_at, discovered_at, "
@@ -250,16 +259,11 @@ class SQLStore:
     def pick_urls(
         self, host_key: str, now: float, limit: int, exclude: Sequence[int]
     ) -> list[PickRow]:
-        rows = self._x(
-            f"SELECT {PICK_COLS} FROM urls WHERE host_key = ? AND state = 'queued' "
-            "AND due_at <= ? AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT ? "
-            "FOR UPDATE SKIP LOCKED",
-            (host_key, now, limit + len(exclude)),
-        ).fetchall()
+        rows = self._x(PICK_URLS, (host_key, now, limit + len(exclude))).fetchall()
         if exclude:
             skip = set(exclude)
             rows = [r for r in rows if r[0] not in skip]
-        return [tuple(r) for r in rows[:limit]]
+        return rows[:limit]  # type: ignore[no-any-return]
 
     def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None:
         for _ in self._in(
@@ -366,10 +370,7 @@ class SQLStore:
         out = []
         for c in completions:
             ls = c.lease
-            self._x(
-                f"UPDATE urls SET {DONE_SET} WHERE {FENCE}",
-                (*done_values(c), ls.url_id, ls.version, ls.token),
-            )
+            self._x(FINISH, (*done_values(c), ls.url_id, ls.version, ls.token))
             out.append(self.cur.rowcount == 1)
         return out
 
