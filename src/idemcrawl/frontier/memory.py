@@ -1,25 +1,20 @@
 """The in-memory frontier: the same contract over indexed Python structures, in this process.
 
 **Not durable.** Every row lives in this process: a crash, or closing the last handle on it,
-loses the crawl. What it is for: the scheduler simulator and fast tests, which want the real
-policy (``scheduler.py``, the same as on SQLite and PostgreSQL) without a file or a server.
-``open_frontier("memory:")`` gives a private crawl; ``memory:NAME`` names one that every handle
-opened with the same name in this process shares (threads, like processes on one SQLite file)
-until the last of them closes.
+loses the crawl. It is for the scheduler simulator and fast tests, which want the real policy
+(``scheduler.py``, the same as on SQLite and PostgreSQL) without a file or a server.
+``open_frontier("memory:")`` gives a private crawl; ``memory:NAME`` one that every handle opened
+with that name in this process shares (threads, like processes on one SQLite file) until the
+last of them closes. A transaction is one lock held around the scheduler's function; there is no
+rollback, which is safe because the scheduler checks everything that can refuse (fences, control
+values) before its first write. Lease tokens and back-off jitter come from ``rng``.
 
-A transaction is one lock held around the scheduler's function; there is no rollback, which is
-safe because the scheduler checks everything that can refuse (fences, control values) before its
-first write. Lease tokens and back-off jitter come from ``rng`` (seed it: ``rng=Random(7)``).
-
-Indexed so that a lease costs about what it grants times log n, not the size of the crawl:
-
-* per host, its queued URLs in one heap per priority, by (due_at, url_id);
-* hosts that may be ready in a heap by ``next_allowed_at``, and hosts waiting for a time (their
-  token, back-off or first due URL) in a heap by that time;
-* leases by expiry, finished URLs by ``next_fetch_at``, queued URLs by ``due_at`` (progress).
-
-Every heap is lazy: an entry carries the sequence number its row had when it was pushed and is
-dropped when popped if the row has moved on since (state changed, refiled).
+Indexed so that a lease costs about what it grants times log n, not the size of the crawl: per
+host, its queued URLs in one heap per priority by (due_at, seq); hosts that may be ready in a
+heap by ``next_allowed_at``, hosts waiting for a time (token, back-off, first due URL) in a heap
+by that time; leases by expiry, finished URLs by ``next_fetch_at``, queued URLs by ``due_at``.
+Every heap is lazy: an entry carries the sequence number its row had when pushed and is dropped
+when popped if the row has moved on since (state changed, refiled).
 """
 
 from __future__ import annotations
@@ -34,42 +29,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from .base import (
-    DEFERRED,
-    DISALLOWED,
-    DONE,
-    FAILED,
-    LEASED,
-    QUEUED,
-    ROBOTS,
-    STATES,
-    Completion,
-    FrontierError,
-    FrontierStats,
-    Lease,
-    NewURL,
-    Progress,
-)
+from . import base, store
+from .base import DEFERRED, DISALLOWED, DONE, FAILED, LEASED, QUEUED, ROBOTS, STATES
 from .scheduler import Scheduler, host_ready
-from .store import (
-    DONE_COLUMNS,
-    ERROR_COLUMNS,
-    FAIL_COLUMNS,
-    HOST_COLUMNS,
-    PICK_COLUMNS,
-    RECORD_COLUMNS,
-    REPARSE_COLUMNS,
-    REPORT_COLUMNS,
-    SCHEMA_VERSION,
-    STREAMS,
-    URL_COLUMNS,
-    FailRow,
-    Grant,
-    HostRow,
-    PickRow,
-    done_values,
-    first_live,
-)
+from .store import FailRow, Grant, HostRow, PickRow, done_values, first_live
 
 T = TypeVar("T")
 
@@ -78,9 +41,9 @@ class _Url:
     """One ``urls`` row, plus ``seq``: which heap entry of it is current. A column never set
     reads as None (NULL), so a new URL costs only the columns it has."""
 
-    __slots__ = (*URL_COLUMNS, "seq")
+    __slots__ = (*store.URL_COLUMNS, "seq")
 
-    def __init__(self, url_id: int, u: NewURL, now: float) -> None:
+    def __init__(self, url_id: int, u: base.NewURL, now: float) -> None:
         self.url_id, self.url, self.host_key, self.reason = url_id, u.url, u.host_key, u.reason
         self.version, self.priority, self.depth, self.due_at = 1, u.priority, u.depth, now
         self.discovered_at, self.attempts, self.kind, self.hops = now, 0, u.kind, u.hops
@@ -88,21 +51,21 @@ class _Url:
         self.seq = 0
 
     def __getattr__(self, name: str) -> None:
-        if name in _URL_SET:
+        if name in store.URL_COLUMNS:
             return None
         raise AttributeError(name)
 
-
-_URL_SET = frozenset(URL_COLUMNS)
+    def as_dict(self, columns: Sequence[str] = store.URL_COLUMNS) -> dict[str, Any]:
+        return {c: getattr(self, c) for c in columns}
 
 
 class _Host:
     """One ``hosts`` row, plus its queues and where it is filed in the ready index."""
 
-    __slots__ = (*HOST_COLUMNS, "queues", "deferred", "rseq", "wake")
+    __slots__ = (*store.HOST_COLUMNS, "queues", "deferred", "rseq", "wake")
 
     def __init__(self, host_key: str) -> None:
-        for col in HOST_COLUMNS:
+        for col in store.HOST_COLUMNS:
             setattr(self, col, None)  # hosts are few: set every column
         self.host_key = host_key
         self.next_allowed_at = self.backoff_until = 0.0
@@ -117,7 +80,7 @@ class _Host:
         self.wake: float | None = None
 
     def row(self) -> HostRow:
-        return HostRow(*(getattr(self, c) for c in HOST_COLUMNS))
+        return HostRow(*(getattr(self, c) for c in store.HOST_COLUMNS))
 
 
 class MemoryStore:
@@ -126,7 +89,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.handles = 0
-        self.urls: list[_Url | None] = [None]  # by url_id (dense, from 1)
+        self.urls: list[_Url] = [_Url.__new__(_Url)]  # by url_id (dense; 0: an all-NULL row)
         self.by_url: dict[str, _Url] = {}
         self.hosts: dict[str, _Host] = {}
         self.by_state: Counter[str] = Counter()
@@ -196,17 +159,18 @@ class MemoryStore:
         h.wake = max(h.next_allowed_at, h.backoff_until) if at is None else at
         heapq.heappush(self.parked, (h.wake, h.rseq, h.host_key))
 
+    def _current(self, e: tuple[float, int, int], state: str) -> bool:
+        """Is this (key, seq, url_id) heap entry still its URL's, in ``state``?"""
+        u = self.urls[e[2]]
+        return u.state == state and u.seq == e[1]
+
     def _live(
         self, heap: list[tuple[float, int, int]], state: str
     ) -> tuple[float, int, int] | None:
-        """The first current entry of a (key, seq, url_id) heap, dropping stale ones."""
-        while heap:
-            _, seq, uid = heap[0]
-            u = self.urls[uid]
-            if u is not None and u.state == state and u.seq == seq:
-                return heap[0]
+        """The first current entry of a heap, dropping stale ones."""
+        while heap and not self._current(heap[0], state):
             heapq.heappop(heap)
-        return None
+        return heap[0] if heap else None
 
     def _scan(
         self,
@@ -224,7 +188,6 @@ class MemoryStore:
             e = heapq.heappop(heap)
             taken.append(e)
             u = self.urls[e[2]]
-            assert u is not None
             if want is None or want(u):
                 out.append(u)
         for e in taken:
@@ -236,10 +199,7 @@ class MemoryStore:
         return min((t[0] for t in tops if t is not None), default=math.inf)
 
     def _leased(self) -> Iterable[_Url]:
-        for _, seq, uid in self.leases:
-            u = self.urls[uid]
-            if u is not None and u.state == LEASED and u.seq == seq:
-                yield u
+        return (self.urls[e[2]] for e in self.leases if self._current(e, LEASED))
 
     # -- transaction-wide ------------------------------------------------------------------------
 
@@ -257,7 +217,7 @@ class MemoryStore:
             self._host(k)
 
     def update_hosts(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        if not set(columns) <= set(HOST_COLUMNS):
+        if not set(columns) <= set(store.HOST_COLUMNS):
             raise ValueError(f"not host columns: {columns}")
         for row in rows:
             h = self.hosts[row[-1]]
@@ -317,25 +277,19 @@ class MemoryStore:
 
     def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None:
         for uid in url_ids:
-            u = self.urls[uid]
-            assert u is not None
-            u.reason = reason
-            self._set_state(u, DISALLOWED)
+            self.urls[uid].reason = reason
+            self._set_state(self.urls[uid], DISALLOWED)
 
     def defer_queued(self, host_key: str, reason: str, *, robots_too: bool = False) -> int:
         h, n = self.hosts.get(host_key), 0
-        if h is None:
-            return 0
-        for heap in h.queues.values():
+        for heap in h.queues.values() if h is not None else ():
             for _, seq, uid in list(heap):
                 u = self.urls[uid]
-                if u and u.state == QUEUED and u.seq == seq and (robots_too or u.kind != ROBOTS):
+                if u.state == QUEUED and u.seq == seq and (robots_too or u.kind != ROBOTS):
                     u.reason = reason
                     self._set_state(u, DEFERRED)
                     n += 1
-            heap[:] = [
-                e for e in heap if (u := self.urls[e[2]]) and u.seq == e[1] and u.state == QUEUED
-            ]
+            heap[:] = [e for e in heap if self._current(e, QUEUED)]
             heapq.heapify(heap)
         return n
 
@@ -345,7 +299,6 @@ class MemoryStore:
 
     def make_robots(self, url_id: int, now: float, *, new_round: bool) -> None:
         u = self.urls[url_id]
-        assert u is not None
         u.kind = ROBOTS
         if new_round:
             u.version, u.due_at, u.reason = u.version + 1, now, None
@@ -353,13 +306,12 @@ class MemoryStore:
 
     def pick_row(self, url_id: int) -> PickRow:
         u = self.urls[url_id]
-        return tuple(getattr(u, c) for c in PICK_COLUMNS)
+        return tuple(getattr(u, c) for c in store.PICK_COLUMNS)
 
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
         for g in grants:
             for i, ls in enumerate(g.leases):
                 u = self.urls[ls.url_id]
-                assert u is not None
                 u.lease_owner, u.lease_token, u.lease_expires_at = owner, ls.token, expires
                 u.leased_at = now
                 self._set_state(u, LEASED)
@@ -388,7 +340,7 @@ class MemoryStore:
         n = 0
         for uid in url_ids:
             u = self.urls[uid]
-            if u is not None and u.state == LEASED and u.lease_expires_at <= now:
+            if u.state == LEASED and u.lease_expires_at <= now:
                 self._requeue(u, now)
                 n += 1
         return n
@@ -404,32 +356,31 @@ class MemoryStore:
 
     # -- completion and failure ----------------------------------------------------------------
 
-    def _fenced(self, url_id: int, version: int, token: int) -> _Url | None:
-        u = self.urls[url_id] if 0 < url_id < len(self.urls) else None
-        if u is None or u.state != LEASED or u.version != version or u.lease_token != token:
-            return None
-        return u
+    def _url(self, url_id: int) -> _Url:
+        return self.urls[url_id] if 0 < url_id < len(self.urls) else self.urls[0]
 
-    def finish(self, completions: Sequence[Completion]) -> list[bool]:
+    def _fenced(self, url_id: int, version: int, token: int) -> _Url | None:
+        u = self._url(url_id)
+        ok = u.state == LEASED and u.version == version and u.lease_token == token
+        return u if ok else None
+
+    def finish(self, completions: Sequence[base.Completion]) -> list[bool]:
         out = []
         for c in completions:
             u = self._fenced(c.lease.url_id, c.lease.version, c.lease.token)
             out.append(u is not None)
             if u is None:
                 continue
-            for (col, keep), value in zip(DONE_COLUMNS, done_values(c), strict=True):
+            for (col, keep), value in zip(store.DONE_COLUMNS, done_values(c), strict=True):
                 if value is not None or not keep:
                     setattr(u, col, value)
             u.attempts, u.lease_owner, u.lease_token, u.lease_expires_at = 0, None, None, None
             self._set_state(u, DONE)
         return out
 
-    def live_leases(self, leases: Sequence[Lease]) -> list[bool]:
-        live = {}
-        for ls in leases:
-            u = self.urls[ls.url_id] if 0 < ls.url_id < len(self.urls) else None
-            if u is not None and u.state == LEASED:
-                live[u.url_id] = (u.version, u.lease_token)
+    def live_leases(self, leases: Sequence[base.Lease]) -> list[bool]:
+        urls = (self._url(ls.url_id) for ls in leases)
+        live = {u.url_id: (u.version, u.lease_token) for u in urls if u.state == LEASED}
         return first_live(leases, live)
 
     def fail_leases(self, rows: Sequence[FailRow]) -> None:
@@ -438,14 +389,14 @@ class MemoryStore:
             if u is None:
                 continue
             state, u.due_at, u.last_error, u.reason = row[:4]
-            for col, value in zip(FAIL_COLUMNS[4:], row[4:9], strict=True):
+            for col, value in zip(store.FAIL_COLUMNS[4:], row[4:9], strict=True):
                 if value is not None:
                     setattr(u, col, value)
             u.attempts += 1
             u.lease_owner = u.lease_token = u.lease_expires_at = None
             self._set_state(u, state)
 
-    def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
+    def insert_urls(self, urls: Sequence[base.NewURL], now: float) -> int:
         n = 0
         for new in urls:
             if new.url in self.by_url:
@@ -483,13 +434,11 @@ class MemoryStore:
 
     def set_last_error(self, rows: Sequence[tuple[str, int]]) -> None:
         for message, uid in rows:
-            self.urls[uid].last_error = message  # type: ignore[union-attr]
+            self.urls[uid].last_error = message
 
     def reparse_outcome(self, rows: Sequence[tuple[str | None, int]]) -> None:
         for error, uid in rows:
-            u = self.urls[uid]
-            if u is None:
-                continue
+            u = self._url(uid)
             u.last_error = error
             if error is None:
                 u.reason = None
@@ -506,7 +455,7 @@ class MemoryStore:
         n = 0
         for uid in url_ids:
             u = self.urls[uid]
-            if u is not None and u.state == DONE:
+            if u.state == DONE:
                 u.version, u.due_at, u.attempts, u.reason = u.version + 1, u.next_fetch_at, 0, None
                 self._set_state(u, QUEUED)
                 n += 1
@@ -521,7 +470,6 @@ class MemoryStore:
         for h in list(hosts):
             for uid in sorted(h.deferred):
                 u = self.urls[uid]
-                assert u is not None
                 if reason is None or u.reason == reason:
                     u.reason = None
                     self._set_state(u, QUEUED)
@@ -559,7 +507,7 @@ class MemoryStore:
 
     # -- read side -----------------------------------------------------------------------------
 
-    def progress(self, now: float) -> Progress:
+    def progress(self, now: float) -> base.Progress:
         queued, leased = self.by_state[QUEUED], self.by_state[LEASED]
         ready = min(
             (max(h.next_allowed_at, h.backoff_until) for h in self.hosts.values() if h.queued),
@@ -568,7 +516,7 @@ class MemoryStore:
         due = self._live(self.due, QUEUED) if queued else None
         exp = self._live(self.leases, LEASED) if leased else None
         refetch = self._live(self.refetch, DONE)
-        return Progress(
+        return base.Progress(
             queued,
             leased,
             None if due is None else due[0],
@@ -577,8 +525,8 @@ class MemoryStore:
             None if refetch is None else refetch[0],
         )
 
-    def stats(self) -> FrontierStats:
-        return FrontierStats(
+    def stats(self) -> base.FrontierStats:
+        return base.FrontierStats(
             urls_by_state={s: self.by_state[s] for s in STATES},
             hosts=len(self.hosts),
             records=len(self.record_rows),
@@ -588,7 +536,7 @@ class MemoryStore:
         )
 
     def _all_urls(self) -> Iterable[_Url]:
-        return itertools.islice(self.urls, 1, None)  # type: ignore[arg-type]
+        return itertools.islice(self.urls, 1, None)
 
     def aggregates(self) -> dict[str, Any]:
         by_status = Counter(u.status_code for u in self._all_urls() if u.status_code is not None)
@@ -605,7 +553,9 @@ class MemoryStore:
         }
 
     def report_rows(self) -> list[dict[str, Any]]:
-        return [{c: getattr(self.hosts[k], c) for c in REPORT_COLUMNS} for k in sorted(self.hosts)]
+        return [
+            {c: getattr(self.hosts[k], c) for c in store.REPORT_COLUMNS} for k in sorted(self.hosts)
+        ]
 
     def audit_facts(self) -> tuple[list[tuple[str, int]], list[float], int]:
         by_host: dict[str, list[tuple[Any, ...]]] = {}
@@ -614,11 +564,12 @@ class MemoryStore:
         bad: list[tuple[str, int]] = []
         for host, rows in sorted(by_host.items()):
             rows.sort(key=lambda r: (r[4], r[0]))
-            # (id, host, url_id, kind, granted_at, eligible_at, min_gap, allowance, in_flight)
+            # (id, host, url_id, kind, granted_at, eligible_at, min_gap, allowance, in_flight):
+            # a grant with no free slot, or sooner after the previous one than it promised.
             n = sum(
                 1
-                for p, r in zip([None, *rows], rows, strict=False)
-                if r[8] >= r[7] or (p is not None and r[4] < p[4] + p[6] - 1e-6)
+                for i, r in enumerate(rows)
+                if r[8] >= r[7] or (i > 0 and r[4] < rows[i - 1][4] + rows[i - 1][6] - 1e-6)
             )
             if n:
                 bad.append((host, n))
@@ -631,15 +582,12 @@ class MemoryStore:
         return {"counts": [*counts, len(delays)], "sum": float(sum(delays))}
 
     def page(self, table: str, after: Any, limit: int) -> list[dict[str, Any]]:
-        names = STREAMS[table][0]
+        names = store.STREAMS[table][0]
         if table == "urls":
-            rows: Iterable[Any] = (
-                tuple(getattr(u, c) for c in names)
-                for u in itertools.islice(self.urls, max(after, 0) + 1, max(after, 0) + 1 + limit)
-                if u is not None
-            )
-        elif table == "events":
-            rows = self.events[max(after, 0) : max(after, 0) + limit]
+            start = max(after, 0) + 1
+            return [u.as_dict(names) for u in itertools.islice(self.urls, start, start + limit)]
+        if table == "events":
+            rows: Iterable[Any] = self.events[max(after, 0) : max(after, 0) + limit]
         else:
             if self._record_keys is None:
                 self._record_keys = sorted(self.record_rows)
@@ -667,7 +615,7 @@ class MemoryStore:
 
     def records(self) -> list[dict[str, Any]]:
         rows = sorted(self.record_rows.values(), key=lambda r: (r[1], r[2]))
-        return [dict(zip(RECORD_COLUMNS, r, strict=True)) for r in rows]
+        return [dict(zip(store.RECORD_COLUMNS, r, strict=True)) for r in rows]
 
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
         return {d: (b[3], b[4], b[5], b[2]) for d in digests if (b := self.bodies.get(d))}
@@ -676,11 +624,8 @@ class MemoryStore:
         return list(self.bodies)
 
     def simhashes(self) -> list[tuple[int, int, int | None]]:
-        return [
-            (u.url_id, u.simhash & 0xFFFFFFFFFFFFFFFF, u.near_dup_of)
-            for u in self._all_urls()
-            if u.simhash is not None
-        ]
+        hashed = (u for u in self._all_urls() if u.simhash is not None)
+        return [(u.url_id, u.simhash & 0xFFFFFFFFFFFFFFFF, u.near_dup_of) for u in hashed]
 
     def reparse_candidates(
         self, where_failed: bool, after_id: int, limit: int
@@ -693,24 +638,24 @@ class MemoryStore:
             return u.state in (DONE, FAILED)
 
         rest = itertools.islice(self.urls, max(after_id, 0) + 1, None)
-        hits = itertools.islice((u for u in rest if u is not None and wanted(u)), limit)
-        return [{c: getattr(u, c) for c in REPARSE_COLUMNS} for u in hits]
+        hits = itertools.islice((u for u in rest if wanted(u)), limit)
+        return [u.as_dict(store.REPARSE_COLUMNS) for u in hits]
 
     def recent_errors(self, limit: int) -> list[dict[str, Any]]:
         errs = [u for u in self._all_urls() if u.last_error is not None]
         errs.sort(key=lambda u: u.fetched_at if u.fetched_at is not None else u.due_at)
-        return [{c: getattr(u, c) for c in ERROR_COLUMNS} for u in errs[::-1][:limit]]
+        return [u.as_dict(store.ERROR_COLUMNS) for u in errs[::-1][:limit]]
 
     def url_row(self, url: str) -> dict[str, Any] | None:
         u = self.by_url.get(url)
-        return None if u is None else {c: getattr(u, c) for c in URL_COLUMNS}
+        return None if u is None else u.as_dict()
 
     def host_row(self, host_key: str) -> dict[str, Any] | None:
         h = self.hosts.get(host_key)
         return None if h is None else h.row()._asdict()
 
     def url_rows(self) -> list[dict[str, Any]]:
-        return [{c: getattr(u, c) for c in URL_COLUMNS} for u in self._all_urls()]
+        return [u.as_dict() for u in self._all_urls()]
 
     def host_rows(self) -> list[dict[str, Any]]:
         return [self.hosts[k].row()._asdict() for k in sorted(self.hosts)]
@@ -727,25 +672,23 @@ class MemoryFrontier(Scheduler):
         self, name: str | None = None, *, create: bool = True, rng: random.Random | None = None
     ) -> None:
         with self._named_lock:
-            store = self._named.get(name) if name is not None else None
-            if store is None:
-                if name is not None and not create:
-                    raise FrontierError(f"no in-memory crawl {name!r} in this process")
-                store = MemoryStore()
-                if name is not None:
-                    self._named[name] = store
-            store.handles += 1
-        self.name = name
-        self._store = store
+            crawl = None if name is None else self._named.get(name)
+            if crawl is None and name is not None and not create:
+                raise base.FrontierError(f"no in-memory crawl {name!r} in this process")
+            if crawl is None:
+                crawl = (
+                    MemoryStore() if name is None else self._named.setdefault(name, MemoryStore())
+                )
+            crawl.handles += 1
+        self.name, self._store, self._closed = name, crawl, False
         self._rng = rng if rng is not None else random.Random()
-        self._closed = False
 
     def migrate(self) -> int:
-        return SCHEMA_VERSION
+        return store.SCHEMA_VERSION
 
     def _run(self, fn: Callable[[Any], T], *, write: bool = True, snapshot: bool = False) -> T:
         if self._closed:
-            raise FrontierError("the in-memory frontier is closed")
+            raise base.FrontierError("the in-memory frontier is closed")
         with self._store.lock:
             return fn(self._store)
 
