@@ -261,19 +261,22 @@ class MemoryStore:
         return out
 
     def pick_urls(
-        self, host_key: str, now: float, limit: int, exclude: Sequence[int]
-    ) -> list[PickRow]:
-        h, skip = self.hosts[host_key], set(exclude)
+        self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
+    ) -> dict[str, list[PickRow]]:
+        out: dict[str, list[PickRow]] = {}
+        for host_key, limit, exclude in wants:
+            h, skip = self.hosts[host_key], set(exclude)
 
-        def want(u: _Url) -> bool:
-            return u.kind != ROBOTS and u.url_id not in skip
+            def want(u: _Url, skip: set[int] = skip) -> bool:
+                return u.kind != ROBOTS and u.url_id not in skip
 
-        out: list[_Url] = []
-        for prio in sorted(h.queues, reverse=True):
-            out += self._scan(h.queues[prio], QUEUED, now, limit - len(out), want)
-            if len(out) >= limit:
-                break
-        return [self.pick_row(u.url_id) for u in out]
+            urls: list[_Url] = []
+            for prio in sorted(h.queues, reverse=True):
+                urls += self._scan(h.queues[prio], QUEUED, now, limit - len(urls), want)
+                if len(urls) >= limit:
+                    break
+            out[host_key] = [self.pick_row(u.url_id) for u in urls]
+        return out
 
     def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None:
         for uid in url_ids:

@@ -23,11 +23,11 @@ and written back once per host.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import robots
@@ -46,17 +46,15 @@ from .base import (
     Completion,
     Failure,
     Fence,
-    FrontierStats,
     HostPolicy,
     Lease,
     NewURL,
     PartitionBusy,
-    Progress,
     Reparsed,
     StaleEpoch,
 )
+from .reads import Reads
 from .store import (
-    STREAMS,
     FailRow,
     Grant,
     HostRow,
@@ -250,29 +248,30 @@ def completion_counters(pages: Sequence[Completion]) -> dict[str, int]:
     return out
 
 
+@dataclass(slots=True)
+class _Plan:
+    """What level 2 decided for one host before its URLs are picked."""
+
+    host: HostRow
+    take: int
+    state: RobotsState | None
+    delay: float
+    allow: int
+    rows: list[PickRow] = field(default_factory=list)
+
+
 # -- the contract, once ------------------------------------------------------------------------
 
 
-class Scheduler:
-    """The frontier contract over a :class:`Store`; a backend supplies ``_run`` and ``close``.
+class Scheduler(Reads):
+    """The frontier contract over a :class:`Store`; a backend supplies ``_run`` (see
+    :class:`~.reads.Reads`), ``migrate`` and ``close``.
 
     ``_rng`` draws lease tokens and back-off jitter: pass ``rng=random.Random(seed)`` to a
     backend's constructor for a reproducible run (the simulator, property tests).
     """
 
     _rng: random.Random
-
-    def _run(self, fn: Callable[[Any], T], *, write: bool = True, snapshot: bool = False) -> T:
-        """Run ``fn(store)`` as one transaction (``write=False``: a read; ``snapshot``: its
-        statements see one state)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def migrate(self) -> int:
-        """Bring the storage to the current schema; returns its version."""
-        raise NotImplementedError
 
     # -- scheduling core -----------------------------------------------------------------------
 
@@ -322,19 +321,36 @@ class Scheduler:
         grants: list[Grant] = []
         granted = 0
         day = budget_day(now)
-        for h in s.ready_hosts(now, policy.max_in_flight, limit * 2 + 8):
-            if granted >= limit:
+        ready = iter(s.ready_hosts(now, policy.max_in_flight, limit * 2 + 8))
+        while granted < limit:
+            # Plan hosts until their shares cover what is left, then pick for all at once.
+            plans: list[_Plan] = []
+            room = limit - granted
+            for h in ready:
+                plan = self._plan_host(s, h, owner, room, now, day, expires, policy)
+                if isinstance(plan, Grant):  # its robots.txt
+                    grants.append(plan)
+                    granted += 1
+                    room -= 1
+                elif plan is not None:
+                    plans.append(plan)
+                    room -= plan.take
+                if room <= 0:
+                    break
+            if not plans:
                 break
-            g = self._lease_host(s, h, owner, limit - granted, now, day, expires, policy)
-            if g is not None:
-                grants.append(g)
-                granted += len(g.leases)
+            self._pick(s, plans, now, policy)
+            for p in plans:
+                g = self._grant_of(p.host, p.rows, PAGE, owner, now, day, expires, p.delay, p.allow)
+                if g is not None:
+                    grants.append(g)
+                    granted += len(g.leases)
         if grants:
             s.grant(grants, owner, now, expires)
         s.bump("leases_granted", granted)
         return [ls for g in grants for ls in g.leases]
 
-    def _lease_host(
+    def _plan_host(
         self,
         s: Store,
         h: HostRow,
@@ -344,8 +360,9 @@ class Scheduler:
         day: str,
         expires: float,
         policy: HostPolicy,
-    ) -> Grant | None:
-        """Level 2 for one ready host: its robots.txt first, then its best allowed URLs."""
+    ) -> _Plan | Grant | None:
+        """Level 2 for one ready host: its robots.txt first (granted at once), else how many
+        of its URLs to take, if any."""
         configured = h.delay if h.delay is not None else policy.delay
         max_in_flight = h.max_in_flight if h.max_in_flight is not None else policy.max_in_flight
         state: RobotsState | None = None
@@ -373,33 +390,43 @@ class Scheduler:
             return None
         # With a delay, one start per grant: a second grant now would break the spacing.
         take = int(min(room, allow - h.in_flight, 1 if delay > 0 else room, left))
-        if take <= 0:
-            return None
-        picked: list[PickRow] = []
-        picked_ids: list[int] = []
-        while len(picked) < take:
+        return _Plan(h, take, state, delay, allow) if take > 0 else None
+
+    def _pick(self, s: Store, plans: Sequence[_Plan], now: float, policy: HostPolicy) -> None:
+        """Each plan's best due URLs, for all hosts in one store call per round; a URL that
+        robots.txt disallows becomes ``disallowed`` (I10) and the host asks again."""
+        pending = list(plans)
+        while pending:
             # Rows picked in an earlier round are still 'queued' until granted: excluded.
-            want = take - len(picked) + (ROBOTS_SLACK if state is not None else 0)
-            rows = s.pick_urls(h.host_key, now, want, picked_ids)
-            refused = []
-            for r in rows:
-                if (
-                    state is None
-                    or policy.robots is None
-                    or policy.robots.allowed(h.host_key, state, r[1])
-                ):
-                    if len(picked) < take:
-                        picked.append(r)
-                        picked_ids.append(r[0])
-                else:
-                    refused.append(r[0])
+            wants = [
+                (p.host.host_key, p.take - len(p.rows) + (ROBOTS_SLACK if p.state else 0),
+                 [r[0] for r in p.rows])
+                for p in pending
+            ]  # fmt: skip
+            got = s.pick_urls(wants, now)
+            refused: list[int] = []
+            again = []
+            for p, (key, want, _) in zip(pending, wants, strict=True):
+                rows = got.get(key, [])
+                n_refused = len(refused)
+                for r in rows:
+                    if (
+                        p.state is None
+                        or policy.robots is None
+                        or policy.robots.allowed(key, p.state, r[1])
+                    ):
+                        if len(p.rows) < p.take:
+                            p.rows.append(r)
+                    else:
+                        refused.append(r[0])
+                # Ask again only if something was refused and the queue was not exhausted.
+                if len(refused) > n_refused and len(rows) >= want and len(p.rows) < p.take:
+                    again.append(p)
             if refused:
                 assert policy.robots is not None
                 s.mark_disallowed(refused, f"robots.txt disallows {policy.robots.token}")
                 s.bump("robots_disallowed", len(refused))
-            if not refused or len(rows) < want:
-                break  # nothing more was refused, or the host's queue is exhausted
-        return self._grant_of(h, picked, PAGE, owner, now, day, expires, delay, allow)
+            pending = again
 
     def _lease_robots(
         self,
@@ -818,140 +845,3 @@ class Scheduler:
 
     def set_cursor(self, consumer: str, cursor: int) -> None:
         self._run(lambda s: s.set_cursor(consumer, cursor))
-
-    # -- read side -----------------------------------------------------------------------------
-
-    def _read(self, fn: Callable[[Any], T]) -> T:
-        return self._run(fn, write=False)
-
-    def progress(self, now: float) -> Progress:
-        return self._run(lambda s: s.progress(now), write=False, snapshot=True)
-
-    def stats(self) -> FrontierStats:
-        return self._run(lambda s: s.stats(), write=False, snapshot=True)
-
-    def aggregates(self) -> dict[str, Any]:
-        """Recomputed from stored rows in one snapshot (R22: never per-fetch increments)."""
-        return self._run(lambda s: s.aggregates(), write=False, snapshot=True)
-
-    def hosts_report(self, now: float) -> list[dict[str, Any]]:
-        out = []
-        for r in self._read(lambda s: s.report_rows()):
-            meta = json.loads(r.pop("robots_meta") or "{}")
-            fetched = r.pop("robots_fetched_at")
-            r["robots_age_s"] = None if fetched is None else round(now - fetched, 3)
-            r["robots_last_error"] = meta.get("last_error")
-            r["deferred_reason"] = meta.get("deferred_reason")
-            r["in_backoff"] = r["backoff_until"] > now
-            out.append(r)
-        return out
-
-    def lease_audit(self) -> dict[str, Any]:
-        """Recheck every grant in the lease log against the allowance it was granted under."""
-        gap_or_slot, delays, grants = self._run(
-            lambda s: s.audit_facts(), write=False, snapshot=True
-        )
-        delays.sort()
-
-        def pct(p: float) -> float | None:
-            if not delays:
-                return None
-            return round(delays[min(len(delays) - 1, int(p * len(delays)))], 4)
-
-        return {
-            "grants": grants,
-            "violations": sum(n for _, n in gap_or_slot),
-            "violations_by_host": dict(gap_or_slot),
-            "eligibility_delay_s": {"p50": pct(0.5), "p99": pct(0.99), "max": pct(1.0)},
-        }
-
-    def eligibility_delay_histogram(self, bounds: Sequence[float]) -> dict[str, Any]:
-        finite = [float(b) for b in bounds if not math.isinf(b)]  # +inf is the total count
-        return self._read(lambda s: s.delay_histogram(finite))
-
-    def _keyset(self, table: str, batch: int) -> Iterator[dict[str, Any]]:
-        """Page through a table by its key, one short read per batch: an export neither holds
-        the database for its whole run nor keeps every row in memory. A row that changes while
-        it runs appears once, as its batch saw it."""
-        if batch <= 0:
-            raise ValueError(f"batch must be positive, got {batch}")
-        _, key, last = STREAMS[table]
-        while True:
-            rows = self._read(lambda s, after=last: s.page(table, after, batch))
-            yield from rows
-            if len(rows) < batch:
-                return
-            last = rows[-1][key]
-
-    def iter_urls(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
-        return self._keyset("urls", batch)
-
-    def iter_events(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
-        return self._keyset("events", batch)
-
-    def iter_records(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
-        return self._keyset("records", batch)
-
-    def events_after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
-        """Event ids follow commit order (see ``Store.insert_events``): nothing is skipped."""
-        if limit <= 0:
-            return []
-        return self._read(lambda s: s.page("events", cursor, limit))
-
-    def get_cursor(self, consumer: str) -> int:
-        return self._read(lambda s: s.get_cursor(consumer))
-
-    def known_urls(self) -> Iterable[str]:
-        return self._read(lambda s: s.known_urls())
-
-    def existing_urls(self, candidates: Sequence[str]) -> set[str]:
-        """Which of ``candidates`` are known: the durable-key look-up a Bloom filter saves."""
-        return self._read(lambda s: s.existing_urls(candidates)) if candidates else set()
-
-    def owners_with_leases(self) -> list[str]:
-        return self._read(lambda s: s.lease_owners())
-
-    def get_meta(self, key: str) -> str | None:
-        return self._read(lambda s: s.get_meta(key))
-
-    def seed_hosts(self) -> frozenset[str]:
-        return self._read(lambda s: s.seed_hosts())
-
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Every stored record, by source and key (read at once)."""
-        return iter(self._read(lambda s: s.records()))
-
-    def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
-        return self._read(lambda s: s.find_bodies(digests)) if digests else {}
-
-    def body_digests(self) -> Iterable[str]:
-        return self._read(lambda s: s.body_digests())
-
-    def simhashes(self) -> Iterable[tuple[int, int, int | None]]:
-        return self._read(lambda s: s.simhashes())
-
-    def reparse_candidates(
-        self, where_failed: bool, after_id: int, limit: int
-    ) -> list[dict[str, Any]]:
-        return self._read(lambda s: s.reparse_candidates(where_failed, after_id, limit))
-
-    def recent_errors(self, limit: int) -> list[dict[str, Any]]:
-        return self._read(lambda s: s.recent_errors(limit))
-
-    # -- inspection (tests, status, debugging) -------------------------------------------------
-
-    def url_row(self, url: str) -> dict[str, Any] | None:
-        """One URL's full row (``store.URL_COLUMNS``)."""
-        return self._read(lambda s: s.url_row(url))
-
-    def host_row(self, host_key: str) -> dict[str, Any] | None:
-        """One host's full row (``store.HOST_COLUMNS``)."""
-        return self._read(lambda s: s.host_row(host_key))
-
-    def url_rows(self) -> list[dict[str, Any]]:
-        """Every URL's full row by url_id, in one snapshot (small crawls: tests, debugging)."""
-        return self._run(lambda s: s.url_rows(), write=False, snapshot=True)
-
-    def host_rows(self) -> list[dict[str, Any]]:
-        """Every host's full row by host key, in one snapshot."""
-        return self._run(lambda s: s.host_rows(), write=False, snapshot=True)

@@ -257,13 +257,16 @@ class SQLStore:
         return [HostRow(*r) for r in self._x(READY_HOSTS, params).fetchall()]
 
     def pick_urls(
-        self, host_key: str, now: float, limit: int, exclude: Sequence[int]
-    ) -> list[PickRow]:
-        rows = self._x(PICK_URLS, (host_key, now, limit + len(exclude))).fetchall()
-        if exclude:
-            skip = set(exclude)
-            rows = [r for r in rows if r[0] not in skip]
-        return rows[:limit]  # type: ignore[no-any-return]
+        self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
+    ) -> dict[str, list[PickRow]]:
+        out: dict[str, list[PickRow]] = {}
+        for host_key, limit, exclude in wants:
+            rows = self._x(PICK_URLS, (host_key, now, limit + len(exclude))).fetchall()
+            if exclude:
+                skip = set(exclude)
+                rows = [r for r in rows if r[0] not in skip]
+            out[host_key] = rows[:limit]
+        return out
 
     def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None:
         for _ in self._in(

@@ -253,11 +253,11 @@ class Store(Protocol):
         ...
 
     def pick_urls(
-        self, host_key: str, now: float, limit: int, exclude: Sequence[int]
-    ) -> list[PickRow]:
-        """The host's due queued page URLs (not robots.txt) by priority then due time, at most
-        ``limit`` of them that are not in ``exclude`` (with row locks: locked, skipping held
-        ones)."""
+        self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
+    ) -> dict[str, list[PickRow]]:
+        """For each (host, n, exclude): the host's due queued page URLs (not robots.txt) by
+        priority then due time, the first ``n`` not in ``exclude`` (with row locks: locked,
+        skipping rows another transaction holds)."""
         ...
 
     def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None: ...
