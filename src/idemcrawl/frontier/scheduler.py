@@ -6,10 +6,11 @@ transaction (its rows and SQL dialect); the decisions are all made here, in Pyth
 
 * **lease** — expire stale leases, then (unless the crawl is paused) level 1: ready hosts
   (tokens, allowance by error streak, back-off, paused, something due: :func:`host_ready`);
-  level 2 per host: robots.txt first while unknown or expired, the defer rules (Crawl-delay above
-  the cap, robots.txt unreachable after N attempts, daily budget), then delay, allowance and
-  budget decide how many URLs to take and robots-disallowed ones become ``disallowed``; finally
-  one grant for every host (lease rows, lease log, host token and budget).
+  level 2 per ready host: robots.txt first while unknown or expired, the defer rules
+  (Crawl-delay above the cap, robots.txt unreachable after N attempts, daily budget), then
+  delay, allowance and budget decide how many URLs to take; the URLs of all those hosts are
+  picked in one store call, robots-disallowed ones become ``disallowed``; finally one grant for
+  every host (lease rows, lease log, host token and budget).
 * **complete** / **fail** — the lease fence (I3), then the host: a robots.txt answer becomes
   host state (sitemaps, defer, back-off), a success steps the error streak down and feeds the
   latency average, an error backs the host off (circuit breaker), and every end of a request
@@ -28,10 +29,10 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from .. import robots
-from .. import url as urls
+from .. import url as urlmod
 from ..politeness import allowance, backoff_seconds, effective_delay, update_latency
 from ..robots import RobotsState, needs_fetch, state_from_row, state_to_row
 from ..robots import outcome as robots_outcome
@@ -62,8 +63,6 @@ from .store import (
     Store,
     event_values,
 )
-
-T = TypeVar("T")
 
 #: Host columns a completion or failure may change (written once per host per batch).
 AFTER_REQUEST_COLUMNS = (
@@ -143,10 +142,10 @@ def sitemap_urls(locations: Iterable[str], host_key: str) -> list[NewURL]:
     out = []
     for loc in locations:
         try:
-            u = urls.normalise(loc)
-        except urls.InvalidURL:
+            u = urlmod.normalise(loc)
+        except urlmod.InvalidURL:
             continue
-        if urls.host_key(u) == host_key:
+        if urlmod.host_key(u) == host_key:
             out.append(NewURL(u, host_key, priority=5, depth=1, kind=SITEMAP))
     return out
 
