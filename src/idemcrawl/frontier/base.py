@@ -533,11 +533,11 @@ class Inspection(Protocol):
     def host_row(self, host_key: str) -> dict[str, Any] | None: ...
 
     def url_rows(self) -> list[dict[str, Any]]:
-        """Every URL's row by url_id, in one snapshot (reads them all: small crawls only)."""
+        """Every URL's row by url_id (reads them all: small crawls only)."""
         ...
 
     def host_rows(self) -> list[dict[str, Any]]:
-        """Every host's row by host key, in one snapshot."""
+        """Every host's row by host key."""
         ...
 
     def existing_urls(self, candidates: Sequence[str]) -> set[str]:

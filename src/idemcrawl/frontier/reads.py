@@ -37,7 +37,7 @@ class Reads:
         return self._run(fn, write=False)
 
     def progress(self, now: float) -> Progress:
-        return self._run(lambda s: s.progress(now), write=False, snapshot=True)
+        return self._read(lambda s: s.progress(now))  # one statement: one snapshot
 
     def stats(self) -> FrontierStats:
         return self._run(lambda s: s.stats(), write=False, snapshot=True)
@@ -161,9 +161,9 @@ class Reads:
         return self._read(lambda s: s.host_row(host_key))
 
     def url_rows(self) -> list[dict[str, Any]]:
-        """Every URL's full row by url_id, in one snapshot (small crawls: tests, debugging)."""
-        return self._run(lambda s: s.url_rows(), write=False, snapshot=True)
+        """Every URL's full row by url_id (reads them all: small crawls, tests, debugging)."""
+        return self._read(lambda s: s.url_rows())
 
     def host_rows(self) -> list[dict[str, Any]]:
-        """Every host's full row by host key, in one snapshot."""
-        return self._run(lambda s: s.host_rows(), write=False, snapshot=True)
+        """Every host's full row by host key."""
+        return self._read(lambda s: s.host_rows())
