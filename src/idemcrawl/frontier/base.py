@@ -335,6 +335,28 @@ class FrontierStats:
     meta: dict[str, str] = field(default_factory=dict)
 
 
+#: The live-control actions (R23) :meth:`Control.control` accepts.
+CONTROL_ACTIONS = ("pause", "resume", "block", "unblock", "set-delay", "set-budget")
+
+
+def control_value(action: str, host_key: str | None, value: Any) -> Any:
+    """Check a live-control request (what :meth:`Control.control` accepts) before anything is
+    touched; the value to store (delay seconds, budget) or None. ``idemcrawl control`` checks
+    with it too, so the command line and every backend refuse alike."""
+    if action not in CONTROL_ACTIONS:
+        raise ValueError(f"unknown control action {action!r}")
+    if host_key is None and action not in ("pause", "resume"):
+        raise ValueError(f"control {action} needs a host")
+    if action == "set-delay":
+        delay = float(value)
+        if not delay >= 0:
+            raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
+        return delay
+    if action == "set-budget":
+        return None if value is None else int(value)
+    return None
+
+
 class SchedulingCore(Protocol):
     """The small core a crawler calls in its loop: I1-I8 and I10 are its promises."""
 

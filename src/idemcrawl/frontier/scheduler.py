@@ -53,6 +53,7 @@ from .base import (
     PartitionBusy,
     Reparsed,
     StaleEpoch,
+    control_value,
 )
 from .reads import Reads
 from .store import (
@@ -76,7 +77,6 @@ ROBOTS_COLUMNS = (
 #: Level 2 asks for this many URLs beyond what it needs when robots.txt may refuse some.
 ROBOTS_SLACK = 16
 
-CONTROL_ACTIONS = ("pause", "resume", "block", "unblock", "set-delay", "set-budget")
 BLOCKED = "blocked by operator"
 
 
@@ -183,23 +183,6 @@ def status_class(status: int | None) -> str | None:
     if status in (304, 429):
         return str(status)
     return f"{min(max(status // 100, 1), 5)}xx"
-
-
-def control_value(action: str, host_key: str | None, value: Any) -> Any:
-    """Check a live-control request before anything is touched; the value to store (delay
-    seconds, budget) or None."""
-    if action not in CONTROL_ACTIONS:
-        raise ValueError(f"unknown control action {action!r}")
-    if host_key is None and action not in ("pause", "resume"):
-        raise ValueError(f"control {action} needs a host")
-    if action == "set-delay":
-        delay = float(value)
-        if not delay >= 0:
-            raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
-        return delay
-    if action == "set-budget":
-        return None if value is None else int(value)
-    return None
 
 
 def redirect_loop(
