@@ -1,5 +1,8 @@
 """Backends the shared contract suite runs against. A new backend adds one branch here.
 
+Memory: a crawl named after the test's ``tmp_path``, so ``reopen`` gives a second handle on the
+same rows (as a second process opens the same SQLite file); it is gone once every handle closed.
+
 PostgreSQL: the server named by ``IDEMCRAWL_TEST_PG_DSN`` (default: the local test database).
 Each test gets its own schema, named from its ``tmp_path`` plus a per-session salt (so a schema
 left behind by a killed run is never reused), and the schema is dropped after the test. Tests
@@ -12,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +23,10 @@ from pathlib import Path
 import pytest
 
 from idemcrawl.frontier.base import Frontier
+from idemcrawl.frontier.memory import MemoryFrontier
 from idemcrawl.frontier.sqlite import SQLiteFrontier
 
-BACKENDS = ["sqlite", "postgres"]
+BACKENDS = ["sqlite", "postgres", "memory"]
 
 PG_DSN = os.environ.get("IDEMCRAWL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 _SESSION_SALT = uuid.uuid4().hex
@@ -71,16 +76,19 @@ def drop_pg_schema(schema: str) -> None:
     _created_schemas.discard(schema)
 
 
-def open_backend(name: str, tmp_path: Path) -> Frontier:
+def open_backend(name: str, tmp_path: Path, rng: random.Random | None = None) -> Frontier:
+    """A handle on the test's crawl; ``rng`` seeds lease tokens and back-off jitter."""
     if name == "sqlite":
-        return SQLiteFrontier(str(tmp_path / "crawl.db"))
+        return SQLiteFrontier(str(tmp_path / "crawl.db"), rng=rng)
     if name == "postgres":
         dsn = require_postgres()
         from idemcrawl.frontier.postgres import PostgresFrontier
 
         schema = pg_schema_for(tmp_path)
         _created_schemas.add(schema)
-        return PostgresFrontier(dsn, schema=schema)
+        return PostgresFrontier(dsn, schema=schema, rng=rng)
+    if name == "memory":
+        return MemoryFrontier(str(tmp_path), rng=rng)
     raise AssertionError(name)
 
 

@@ -319,3 +319,22 @@ def test_hosts_with_only_future_retries_do_not_starve_ready_hosts(frontier: Fron
     frontier.add([NewURL("http://ready/b", "http://ready")], T0 + 1)
     (lease,) = frontier.lease("w", 1, T0 + 2, 30, FAST)
     assert lease.url == "http://ready/b"
+
+
+def test_ready_hosts_take_turns_by_next_allowed_at(frontier: Frontier) -> None:
+    """Level 1 orders ready hosts by their token: a host just granted goes behind the others,
+    so one-at-a-time leases at one instant take turns instead of draining one host."""
+    frontier.add(urls("http://a", 3) + urls("http://b", 3), T0)
+    first = frontier.lease("w", 1, T0, 30, FAST)
+    second = frontier.lease("w", 1, T0 + 0.5, 30, FAST)
+    assert {first[0].host_key, second[0].host_key} == {"http://a", "http://b"}
+
+
+def test_host_waiting_for_a_later_url_is_ready_once_a_due_one_arrives(frontier: Frontier) -> None:
+    frontier.add([NewURL("http://a/x", "http://a")], T0)
+    (ls,) = frontier.lease("w", 1, T0, 30, FAST)
+    frontier.fail([Failure(ls, "timeout", retry_at=T0 + 600)], T0, FAST)
+    assert frontier.lease("w", 1, T0 + 1, 30, FAST) == []  # only a retry, not yet due
+    frontier.add([NewURL("http://a/y", "http://a")], T0 + 2)
+    assert [x.url for x in frontier.lease("w", 1, T0 + 2, 30, FAST)] == ["http://a/y"]
+    assert [x.url for x in frontier.lease("w", 1, T0 + 600, 30, FAST)] == ["http://a/x"]

@@ -2,22 +2,24 @@
 
 The contract tests pin single scenarios; these let hypothesis pick host configurations and
 interleavings of add / lease / complete / fail / expire / duplicate deliveries that nobody would
-write by hand, against the real ``SQLiteFrontier`` on a temporary file. A small model of what
-the frontier promised (live leases, grant times, releases, back-off) is kept beside it, and
-every invariant is checked after every step, so a failure shrinks to the shortest sequence of
-operations that breaks one.
+write by hand, against every backend (``conftest.BACKENDS``), each on a fresh crawl per example.
+A small model of what the frontier promised (live leases, grant times, releases, back-off) is
+kept beside it, and every invariant is checked after every step, so a failure shrinks to the
+shortest sequence of operations that breaks one. The frontier is observed only through its
+contract and the inspection API every backend implements (``url_rows``, ``host_rows``,
+``host_row``, ``url_row``: the stored rows as they are).
 """
 
 from __future__ import annotations
 
 import random
-import sqlite3
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -29,6 +31,7 @@ from hypothesis.stateful import (
     multiple,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from idemcrawl.frontier.base import (
@@ -36,15 +39,17 @@ from idemcrawl.frontier.base import (
     ROBOTS,
     Completion,
     Failure,
+    Frontier,
     HostPolicy,
     Lease,
     NewURL,
     RecordWrite,
     RobotsFetch,
 )
-from idemcrawl.frontier.sqlite import SQLiteFrontier
 from idemcrawl.politeness import allowance
 from idemcrawl.robots import RobotsCache, RobotsSettings
+
+from .conftest import BACKENDS, drop_pg_schema, open_backend, pg_schema_for, require_postgres
 
 T0 = 1_000_000.0
 LEASE_SECONDS = 10.0
@@ -62,10 +67,24 @@ SETTINGS = settings(
 time_steps = st.sampled_from([0.0, 0.0, 0.1, 0.5, 1.0, 1.0, 2.5, LEASE_SECONDS + 1])
 
 
-def _seed_frontier(f: SQLiteFrontier) -> None:
-    """Hypothesis replays a failing example to shrink it, so the frontier must behave the same
-    every time: seed its generator (back-off jitter, lease tokens)."""
-    f._rng = random.Random(0)
+class FreshCrawl:
+    """A new crawl on ``backend`` for one example, removed again in ``close``.
+
+    Hypothesis replays a failing example to shrink it, so the frontier must behave the same
+    every time: its generator (back-off jitter, lease tokens) is seeded.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._tmp = tempfile.TemporaryDirectory(prefix="idemcrawl-prop-")
+        self.path = Path(self._tmp.name)
+        self.frontier: Frontier = open_backend(backend, self.path, rng=random.Random(0))
+
+    def close(self) -> None:
+        self.frontier.close()
+        if self.backend == "postgres":
+            drop_pg_schema(pg_schema_for(self.path))
+        self._tmp.cleanup()
 
 
 @dataclass
@@ -94,24 +113,19 @@ class SchedulerMachine(RuleBasedStateMachine):
     """Random interleavings of frontier operations; invariants checked after each step."""
 
     leases = Bundle("leases")
+    backend = "sqlite"
 
     def __init__(self) -> None:
         super().__init__()
-        self._tmp = tempfile.TemporaryDirectory(prefix="idemcrawl-prop-")
-        path = str(Path(self._tmp.name) / "crawl.db")
-        self.f = SQLiteFrontier(path)
-        _seed_frontier(self.f)
-        # A second connection reads the tables directly, like another process would.
-        self.db = sqlite3.connect(path, isolation_level=None)
+        self.crawl = FreshCrawl(self.backend)
+        self.f = self.crawl.frontier
         self.now = T0
         self.n_urls = 0
         self.policy = HostPolicy()
         self.model = Model({})
 
     def teardown(self) -> None:
-        self.db.close()
-        self.f.close()
-        self._tmp.cleanup()
+        self.crawl.close()
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -285,61 +299,56 @@ class SchedulerMachine(RuleBasedStateMachine):
         return len(gone)
 
     def _snapshot(self) -> tuple[Any, ...]:
+        """Everything a rejected completion or failure must leave as it was: every stored host
+        and URL row, whole, and the counts of URLs by state, events and records."""
         s = self.f.stats()
-        hosts = self.db.execute(
-            "SELECT host_key, next_allowed_at, in_flight, queued, backoff_until, error_streak "
-            "FROM hosts ORDER BY host_key"
-        ).fetchall()
-        urls = self.db.execute(
-            "SELECT url_id, state, version, lease_token, due_at, attempts FROM urls ORDER BY 1"
-        ).fetchall()
-        return s.urls_by_state, s.events, s.records, hosts, urls
+        return s.urls_by_state, s.events, s.records, self.f.host_rows(), self.f.url_rows()
 
     # -- invariants -----------------------------------------------------------------------------
 
     @invariant()
     def in_flight_matches_leases(self) -> None:
-        rows = self.db.execute(
-            "SELECT h.host_key, h.in_flight, h.queued, "
-            "(SELECT count(*) FROM urls u WHERE u.host_key = h.host_key AND u.state='leased'), "
-            "(SELECT count(*) FROM urls u WHERE u.host_key = h.host_key AND u.state='queued') "
-            "FROM hosts h"
-        ).fetchall()
-        for host, in_flight, queued, leased_n, queued_n in rows:
-            assert in_flight == leased_n, (host, in_flight, leased_n)
-            assert queued == queued_n, (host, queued, queued_n)
+        urls = self.f.url_rows()
+        leased = Counter(u["host_key"] for u in urls if u["state"] == "leased")
+        queued = Counter(u["host_key"] for u in urls if u["state"] == "queued")
+        for row in self.f.host_rows():
+            host = row["host_key"]
+            assert row["in_flight"] == leased[host], (host, row["in_flight"], leased[host])
+            assert row["queued"] == queued[host], (host, row["queued"], queued[host])
             hm = self.model.hosts.get(host)
             if hm is not None:
                 # Never above the configured maximum. (The allowance itself may drop below
                 # in_flight after an error: requests already out are not recalled.)
-                assert in_flight <= hm.max_in_flight
+                assert row["in_flight"] <= hm.max_in_flight
         live_by_host = Counter(ls.host_key for ls in self.model.live.values())
-        leased = dict(
-            self.db.execute(
-                "SELECT host_key, count(*) FROM urls WHERE state='leased' GROUP BY host_key"
-            ).fetchall()
-        )
         # Leases past their expiry stay 'leased' until the next lease()/expire() reclaims them.
         for host in HOSTS:
-            assert leased.get(host, 0) == live_by_host.get(host, 0), host
+            assert leased[host] == live_by_host[host], host
 
     @invariant()
     def events_match_completions(self) -> None:
-        (events,) = self.db.execute("SELECT count(*) FROM events").fetchone()
-        (dups,) = self.db.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM events GROUP BY url_id, url_version "
-            "HAVING count(*) > 1)"
-        ).fetchone()
-        assert dups == 0
-        assert events == self.model.page_completions
+        events = list(self.f.iter_events())
+        rounds = Counter((e["url_id"], e["url_version"]) for e in events)
+        assert all(n == 1 for n in rounds.values()), rounds
+        assert len(events) == self.model.page_completions
 
     @invariant()
     def audit_is_clean(self) -> None:
         assert self.f.lease_audit()["violations"] == 0
 
 
-SchedulerMachine.TestCase.settings = SETTINGS
-test_scheduler_invariants = SchedulerMachine.TestCase
+def _run_machine(machine: type[RuleBasedStateMachine], backend: str) -> None:
+    if backend == "postgres":
+        require_postgres()  # fail in CI, skip elsewhere, before hypothesis starts
+    run_state_machine_as_test(
+        type(f"{machine.__name__}_{backend}", (machine,), {"backend": backend}),
+        settings=SETTINGS,
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scheduler_invariants(backend: str) -> None:
+    _run_machine(SchedulerMachine, backend)
 
 
 # -- robots.txt gating --------------------------------------------------------------------------
@@ -354,12 +363,12 @@ class RobotsMachine(RuleBasedStateMachine):
     a disallowed prefix is ever leased, whatever the order of fetches and completions."""
 
     leases = Bundle("leases")
+    backend = "sqlite"
 
     def __init__(self) -> None:
         super().__init__()
-        self._tmp = tempfile.TemporaryDirectory(prefix="idemcrawl-prop-")
-        self.f = SQLiteFrontier(str(Path(self._tmp.name) / "crawl.db"))
-        _seed_frontier(self.f)
+        self.crawl = FreshCrawl(self.backend)
+        self.f = self.crawl.frontier
         settings_ = RobotsSettings(max_age=ROBOTS_MAX_AGE, error_ttl=ROBOTS_ERROR_TTL)
         self.policy = HostPolicy(
             max_in_flight=2, delay=0.0, robots=RobotsCache(settings_, max_entries=2)
@@ -371,8 +380,7 @@ class RobotsMachine(RuleBasedStateMachine):
         self.private_added: set[str] = set()
 
     def teardown(self) -> None:
-        self.f.close()
-        self._tmp.cleanup()
+        self.crawl.close()
 
     @rule(host=st.sampled_from(HOSTS), n=st.integers(1, 4), private=st.booleans())
     def add(self, host: str, n: int, private: bool) -> None:
@@ -423,17 +431,18 @@ class RobotsMachine(RuleBasedStateMachine):
             assert row["state"] in ("queued", "disallowed", "deferred"), (url, row["state"])
 
 
-RobotsMachine.TestCase.settings = SETTINGS
-test_robots_gating = RobotsMachine.TestCase
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_robots_gating(backend: str) -> None:
+    _run_machine(RobotsMachine, backend)
 
 
 # -- regression ---------------------------------------------------------------------------------
 
 
-def test_stale_failure_changes_no_host_state(tmp_path: Path) -> None:
+def test_stale_failure_changes_no_host_state(frontier: Frontier) -> None:
     """A late Failure for a lease that already completed must not back the host off (I3).
     (fail() used to count the host error before checking the lease fence.)"""
-    f = SQLiteFrontier(str(tmp_path / "crawl.db"))
+    f = frontier
     policy = HostPolicy(max_in_flight=1, delay=0.0)
     f.add([NewURL("http://a.test/p0", "http://a.test")], T0)
     (ls,) = f.lease("w", 1, T0, LEASE_SECONDS, policy)
@@ -443,4 +452,3 @@ def test_stale_failure_changes_no_host_state(tmp_path: Path) -> None:
     assert f.fail([late], T0 + 2, policy) == [False]
     assert f.host_row("http://a.test") == before
     assert "host_backoffs" not in f.stats().counters
-    f.close()

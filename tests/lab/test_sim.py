@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import idemcrawl.frontier.sqlite as sqlite_frontier
+import idemcrawl.frontier.scheduler as scheduler
 from idemcrawl.lab import politeness_check
 from idemcrawl.lab.sim import SimOptions, SimReport, compare_hot_host, main, run_sim
 
@@ -93,9 +93,9 @@ def test_frontier_reclaiming_leases_early_is_caught(monkeypatch: pytest.MonkeyPa
     """Negative control: a frontier whose leases expire while their requests still run, so a
     host's slot is handed out again too soon. Its lease log looks fine (each grant saw a free
     slot); the servers' request log and the simulator's lease bookkeeping must not."""
-    real = sqlite_frontier.SQLiteFrontier._expire
+    real = scheduler.Scheduler._expire
     monkeypatch.setattr(
-        sqlite_frontier.SQLiteFrontier, "_expire", lambda self, db, now: real(self, db, now + 59.9)
+        scheduler.Scheduler, "_expire", lambda self, s, now, **kw: real(self, s, now + 59.9, **kw)
     )
     r = run_sim(faulty(seed=7, hosts=20, max_virtual_seconds=60.0))
     assert not r.ok
@@ -107,9 +107,9 @@ def test_frontier_reclaiming_leases_early_is_caught(monkeypatch: pytest.MonkeyPa
 
 def test_frontier_ignoring_delay_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: a frontier that spaces requests by half the delay."""
-    real = sqlite_frontier.effective_delay
-    monkeypatch.setattr(sqlite_frontier, "effective_delay", lambda *a, **k: real(*a, **k) / 2)
-    monkeypatch.setattr(sqlite_frontier.SQLiteFrontier, "_after_request", lambda *a: None)
+    real = scheduler.effective_delay
+    monkeypatch.setattr(scheduler, "effective_delay", lambda *a, **k: real(*a, **k) / 2)
+    monkeypatch.setattr(scheduler, "end_gap", lambda *a: 0.0)  # no end-to-start spacing (I8)
     r = run_sim(faulty(seed=7, hosts=20, error_hosts=0.0))
     assert not r.ok
     assert r.request_log["by_kind"].get("gap", 0) > 0

@@ -1,9 +1,15 @@
-"""Frontier backends behind one contract (see ``base.py`` for the invariants)."""
+"""Frontier backends behind one contract (see ``base.py`` for the invariants).
+
+``open_frontier`` picks the backend from the database name: a file path (SQLite, the default),
+a ``postgresql://`` URL, or ``memory:`` / ``memory:NAME`` (in this process only, not durable).
+"""
 
 from __future__ import annotations
 
 from .base import Frontier, FrontierError
+from .memory import MemoryFrontier
 from .sqlite import SQLiteFrontier
+from .store import SCHEMA_VERSION
 
 
 def split_schema(dsn: str) -> tuple[str, str | None]:
@@ -23,14 +29,25 @@ def split_schema(dsn: str) -> tuple[str, str | None]:
 
 
 def open_frontier(db: str, *, create: bool = True) -> Frontier:
-    """Open the crawl database named by ``db``: a file path (SQLite) or a server URL."""
+    """Open the crawl database named by ``db``: a file path (SQLite), a server URL, or
+    ``memory:[NAME]`` (handles opened with the same NAME share one crawl while any is open)."""
     if db.startswith(("postgresql://", "postgres://")):
         # Imported here: psycopg is the optional "postgres" extra (FrontierError if missing).
         from .postgres import PostgresFrontier
 
         dsn, schema = split_schema(db)
         return PostgresFrontier(dsn, schema=schema, create=create)
+    if db.startswith(MemoryFrontier.PREFIX):
+        return MemoryFrontier(db[len(MemoryFrontier.PREFIX) :] or None, create=create)
     return SQLiteFrontier(db, create=create)
 
 
-__all__ = ["Frontier", "FrontierError", "SQLiteFrontier", "open_frontier"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Frontier",
+    "FrontierError",
+    "MemoryFrontier",
+    "SQLiteFrontier",
+    "open_frontier",
+    "split_schema",
+]

@@ -11,8 +11,9 @@ Invariants
 I1  A URL is known at most once. ``add`` of a known URL (same normalised string) is a no-op; it
     never resets state, version, priority or depth.                                        (R2, R10)
 I2  A URL is in exactly one state: ``queued`` (waiting; ``due_at`` says from when), ``leased``
-    (granted to one owner until ``lease_expires_at``), ``done``, ``failed``, or a terminal
-    rejection (``out_of_scope``, ``disallowed``) whose ``reason`` says why.
+    (granted to one owner until ``lease_expires_at``), ``done``, ``failed``, or set aside with a
+    ``reason`` saying why (``out_of_scope``, ``disallowed``, ``rejected``; ``deferred`` until
+    ``requeue_deferred``).
 I3  A lease names ``(url_id, version, token)``. ``complete`` and ``fail`` act only when the URL is
     still ``leased`` with that same version *and* token; otherwise they change nothing and emit
     nothing. A stale lease, a duplicate completion or a completion after the lease expired is
@@ -25,9 +26,10 @@ I5  A record write is an upsert keyed by ``record_id = H(source, key)``: unchang
     nothing; changed content updates ``data``, ``content_hash`` and ``last_changed``;
     ``first_seen`` never moves.                                                            (R1)
 I6  A host's ``in_flight`` equals the number of its URLs in state ``leased``. Granting a lease,
-    its completion, failure or expiry update that count in the same transaction (backends keep it
-    with triggers so it cannot drift). A lease is granted only when ``in_flight`` is below the
-    host's allowance and ``next_allowed_at`` has been reached; the grant moves
+    its completion, failure or expiry update that count in the same transaction (the SQL backends
+    keep it with triggers, the memory one in its single state setter, so it cannot drift). A
+    lease is granted only when ``in_flight`` is below the host's allowance and
+    ``next_allowed_at`` has been reached; the grant moves
     ``next_allowed_at`` forward by the host's delay in the same atomic step, so concurrent
     leasers — threads, processes or machines — can never exceed a host's allowance together. (R6)
 I7  An expired lease returns its URL to ``queued`` and its slot to the host; nothing needs to
@@ -42,15 +44,32 @@ I10 robots.txt gates a host (R7): no page URL of a host is leased while its robo
     unknown or expired (only its robots.txt URL is); a URL the rules disallow becomes
     ``disallowed`` with the reason instead of being leased.
 
-Backends expose the same synchronous API; the engine calls it from one dedicated thread so the
-event loop never blocks on the database.
+Where they are kept
+===================
+
+The policy behind them is written once, in ``scheduler.py`` (:class:`~.scheduler.Scheduler`
+implements this whole contract); a backend is a transaction and a store of rows:
+
+* ``sqlite.py`` — one file, WAL; ``BEGIN IMMEDIATE`` serialises writers. The default.
+* ``postgres.py`` — a schema on a server shared by many processes; row locks, ``SKIP LOCKED``.
+* ``memory.py`` — Python structures in this process (``memory:``). **Not durable**: a crash or
+  ``close`` loses everything, so I4's "one transaction" there means "under one lock" (the
+  scheduler raises before its first write, never half-way). For the simulator and fast tests.
+
+The SQL the two database backends run is written once in ``sql.py``. Backends expose the same
+synchronous API; the engine calls it from one dedicated thread so the event loop never blocks on
+the database. All times are UNIX seconds (float) passed in by the caller.
+
+The contract is split by use: :class:`SchedulingCore` (what a crawler calls in its loop),
+:class:`Fleet`, :class:`Control`, :class:`CrawlState`, :class:`Outputs` and :class:`Inspection`;
+:class:`Frontier` is all of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -316,11 +335,33 @@ class FrontierStats:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-class Frontier(Protocol):
-    """The one frontier contract. All times are UNIX seconds (float) passed in by the caller."""
+#: The live-control actions (R23) :meth:`Control.control` accepts.
+CONTROL_ACTIONS = ("pause", "resume", "block", "unblock", "set-delay", "set-budget")
+
+
+def control_value(action: str, host_key: str | None, value: Any) -> Any:
+    """Check a live-control request (what :meth:`Control.control` accepts) before anything is
+    touched; the value to store (delay seconds, budget) or None. ``idemcrawl control`` checks
+    with it too, so the command line and every backend refuse alike."""
+    if action not in CONTROL_ACTIONS:
+        raise ValueError(f"unknown control action {action!r}")
+    if host_key is None and action not in ("pause", "resume"):
+        raise ValueError(f"control {action} needs a host")
+    if action == "set-delay":
+        delay = float(value)
+        if not delay >= 0:
+            raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
+        return delay
+    if action == "set-budget":
+        return None if value is None else int(value)
+    return None
+
+
+class SchedulingCore(Protocol):
+    """The small core a crawler calls in its loop: I1-I8 and I10 are its promises."""
 
     def add(self, urls: Iterable[NewURL], now: float) -> int:
-        """Insert-if-absent; returns how many were new."""
+        """Insert-if-absent (I1); returns how many were new."""
         ...
 
     def lease(
@@ -332,13 +373,50 @@ class Frontier(Protocol):
         policy: HostPolicy,
         fence: Fence | None = None,
     ) -> list[Lease]:
-        """Expire stale leases, then grant up to ``limit`` leases on ready hosts (I6).
+        """Expire stale leases, then grant up to ``limit`` leases on ready hosts (I6, I10).
 
         With a ``fence``, the grant first checks in the same transaction that the fence's epoch
         is still the partition's current one and its ownership lease unexpired, and raises
         :class:`StaleEpoch` otherwise (I9).
         """
         ...
+
+    def complete(
+        self, completions: Sequence[Completion], now: float, policy: HostPolicy
+    ) -> list[bool]:
+        """Commit a batch in one transaction (I4); returns, per completion, whether its lease
+        was still live and it was accepted (I3)."""
+        ...
+
+    def fail(self, failures: Sequence[Failure], now: float, policy: HostPolicy) -> list[bool]:
+        """Retry later or give up; accepted per failure like ``complete`` (I3, I8)."""
+        ...
+
+    def expire(self, now: float) -> int:
+        """Return expired leases to the queue (I7); returns how many."""
+        ...
+
+    def release_owner(self, owner: str) -> int:
+        """Return every lease of ``owner`` (known dead) to the queue at once."""
+        ...
+
+    def progress(self, now: float) -> Progress: ...
+
+    def reschedule_due(self, now: float, limit: int) -> int:
+        """Start a new round for up to ``limit`` finished URLs whose ``next_fetch_at`` has come.
+
+        They go back to ``queued`` with ``version + 1`` (R4, R16), so the old round's
+        completion can never be accepted for the new one.
+        """
+        ...
+
+    def requeue_deferred(self) -> int:
+        """Give deferred URLs another chance (called when a crawl run starts)."""
+        ...
+
+
+class Fleet(Protocol):
+    """Several crawl processes on one frontier (R25, I9)."""
 
     def acquire_partition(self, partition: int, owner: str, now: float, ttl: float) -> Fence:
         """Become (or stay) the partition's owner; a new owner gets a higher epoch."""
@@ -348,34 +426,17 @@ class Frontier(Protocol):
         """Extend ownership; raises StaleEpoch if someone took over meanwhile."""
         ...
 
-    def complete(
-        self, completions: Sequence[Completion], now: float, policy: HostPolicy
-    ) -> list[bool]:
-        """Commit a batch in one transaction; returns, per completion, whether it was accepted."""
-        ...
-
-    def fail(self, failures: Sequence[Failure], now: float, policy: HostPolicy) -> list[bool]: ...
-
-    def expire(self, now: float) -> int:
-        """Return expired leases to the queue; returns how many."""
-        ...
-
-    def release_owner(self, owner: str) -> int:
-        """Return every lease of ``owner`` (known dead) to the queue at once."""
-        ...
-
     def owners_with_leases(self) -> list[str]:
         """Owner ids that currently hold leases (to find dead local processes)."""
         ...
 
-    def known_urls(self) -> Iterable[str]:
-        """Every known URL (to rebuild the discovery Bloom filter at start)."""
-        ...
 
-    def progress(self, now: float) -> Progress: ...
+class Control(Protocol):
+    """Politeness settings and live control (R23): every process sees them at its next lease."""
 
-    def requeue_deferred(self) -> int:
-        """Give deferred URLs another chance (called when a crawl run starts)."""
+    def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
+        """pause/resume/block/unblock a host or the whole crawl, set a host's delay or budget.
+        Returns rows hit. An unknown action or a bad value raises ValueError, changing nothing."""
         ...
 
     def set_host_overrides(
@@ -384,15 +445,9 @@ class Frontier(Protocol):
         """Per-host politeness settings that take precedence over the global policy."""
         ...
 
-    def hosts_report(self, now: float) -> list[dict[str, Any]]:
-        """Per-host token, back-off and robots state (for status and metrics)."""
-        ...
 
-    def lease_audit(self) -> dict[str, Any]:
-        """Politeness violations recomputed from the lease log, and eligibility delays."""
-        ...
-
-    def stats(self) -> FrontierStats: ...
+class CrawlState(Protocol):
+    """What a crawl run keeps beside the schedule and reads back when it starts."""
 
     def get_meta(self, key: str) -> str | None: ...
 
@@ -404,18 +459,8 @@ class Frontier(Protocol):
 
     def seed_hosts(self) -> frozenset[str]: ...
 
-    def records(self) -> Iterable[dict[str, Any]]:
-        """Every stored record, ordered by source and key (for export)."""
-        ...
-
-    # -- recrawl, content dedup, live control ----------------------------------------------------
-
-    def reschedule_due(self, now: float, limit: int) -> int:
-        """Start a new round for up to ``limit`` finished URLs whose ``next_fetch_at`` has come.
-
-        Set-based: one statement moves them back to ``queued`` with ``version + 1`` (R4, R16), so
-        the old round's completion can never be accepted for the new one.
-        """
+    def known_urls(self) -> Iterable[str]:
+        """Every known URL (to rebuild the discovery Bloom filter at start)."""
         ...
 
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
@@ -441,6 +486,22 @@ class Frontier(Protocol):
         failed before and succeeds now becomes ``done``. Returns records written."""
         ...
 
+
+class Outputs(Protocol):
+    """The read side (R21, R22, R24). Streams page through a primary key in bounded batches (one
+    short read each), so an export never holds every row in memory nor the database for its
+    whole run."""
+
+    def stats(self) -> FrontierStats: ...
+
+    def hosts_report(self, now: float) -> list[dict[str, Any]]:
+        """Per-host token, back-off and robots state (for status and metrics)."""
+        ...
+
+    def lease_audit(self) -> dict[str, Any]:
+        """Politeness violations recomputed from the lease log, and eligibility delays."""
+        ...
+
     def eligibility_delay_histogram(self, bounds: Sequence[float]) -> dict[str, Any]:
         """Lease-log eligibility delays (due → granted) as a cumulative histogram (R24):
         ``counts[i]`` grants with delay <= ``bounds[i]`` (finite bounds) then the total as the +inf
@@ -451,16 +512,9 @@ class Frontier(Protocol):
         """URLs with a ``last_error``, newest fetch first (dashboard)."""
         ...
 
-    def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
-        """Live control (R23, issue 9): pause/resume/block/unblock a host or the whole crawl,
-        set a host's delay. Takes effect at the next lease of every process. Returns rows hit."""
+    def records(self) -> Iterable[dict[str, Any]]:
+        """Every stored record, ordered by source and key (for export)."""
         ...
-
-    def close(self) -> None: ...
-
-    # -- outputs: events and exports --
-    # Read side of R21/R22. Streams page through a primary key in bounded batches (one short read
-    # each), so an export never holds every row in memory nor the database for its whole run.
 
     def events_after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` index events with ``event_id > cursor``, in id (= commit) order."""
@@ -487,180 +541,37 @@ class Frontier(Protocol):
         ...
 
     def aggregates(self) -> dict[str, Any]:
-        """Counts by state, status code and source plus body bytes, recomputed with GROUP BY
-        over stored rows in one snapshot (R22: never kept as per-fetch increments)."""
+        """Counts by state, status code and source plus body bytes, recomputed over stored rows
+        in one snapshot (R22: never kept as per-fetch increments)."""
         ...
 
 
-def sitemap_urls(locations: Iterable[str], host_key: str) -> list[NewURL]:
-    """robots.txt ``Sitemap:`` lines that become sitemap URLs of the crawl (R12).
+class Inspection(Protocol):
+    """Stored rows as they are, for tests, status and debugging. Every backend returns the same
+    keys: the schema's column names (``store.URL_COLUMNS``, ``store.HOST_COLUMNS``)."""
 
-    Only sitemaps on the robots.txt's own host are taken: a sitemap elsewhere would be fetched
-    outside the crawl's scope, and its entries could not be vouched for by this host anyway.
-    """
-    from .. import url as urls
+    def url_row(self, url: str) -> dict[str, Any] | None: ...
 
-    out = []
-    for loc in locations:
-        try:
-            u = urls.normalise(loc)
-        except urls.InvalidURL:
-            continue
-        if urls.host_key(u) == host_key:
-            out.append(NewURL(u, host_key, priority=5, depth=1, kind=SITEMAP))
-    return out
+    def host_row(self, host_key: str) -> dict[str, Any] | None: ...
 
+    def url_rows(self) -> list[dict[str, Any]]:
+        """Every URL's row by url_id (reads them all: small crawls only)."""
+        ...
 
-# -- helpers shared by the SQL backends ------------------------------------------------------------
+    def host_rows(self) -> list[dict[str, Any]]:
+        """Every host's row by host key."""
+        ...
 
-
-def _signed64(value: int | None) -> int | None:
-    """SimHashes are unsigned 64-bit; both databases store signed BIGINT."""
-    if value is None:
-        return None
-    return value - (1 << 64) if value >= 1 << 63 else value
+    def existing_urls(self, candidates: Sequence[str]) -> set[str]:
+        """Which of ``candidates`` are known: the durable-key look-up a Bloom filter saves."""
+        ...
 
 
-def done_values(c: Completion) -> tuple[Any, ...]:
-    """Parameters of a completion's fenced ``done`` update, in ``DONE_COLUMNS`` order.
+class Frontier(SchedulingCore, Fleet, Control, CrawlState, Outputs, Inspection, Protocol):
+    """The one frontier contract: every backend implements all of it."""
 
-    A 304 keeps what the URL already had (status, hash, size, archive pointer): it only moves
-    the schedule and the validators (R13).
-    """
-    not_modified = c.status == 304
-    return (
-        None if not_modified else c.status,
-        c.fetched_at,
-        None if not_modified else c.content_hash,
-        None if not_modified else c.body_bytes,
-        c.error,
-        c.etag,
-        c.last_modified,
-        c.next_fetch_at,
-        c.revisit_interval,
-        c.warc_file,
-        c.warc_offset,
-        c.warc_length,
-        c.payload_digest,
-        _signed64(c.simhash),
-        c.near_dup_of,
-        c.canonical_hint,
-        c.redirect_to,
-        c.stored_file,
-    )
+    def migrate(self) -> int:
+        """Bring the storage to the current schema; returns its version (``SCHEMA_VERSION``)."""
+        ...
 
-
-#: The columns ``done_values`` sets; ``keep`` ones fall back to their old value when None.
-DONE_COLUMNS: tuple[tuple[str, bool], ...] = (
-    ("status_code", True),
-    ("fetched_at", False),
-    ("content_hash", True),
-    ("body_bytes", True),
-    ("last_error", False),
-    ("etag", False),
-    ("last_modified", False),
-    ("next_fetch_at", False),
-    ("revisit_interval", False),
-    ("warc_file", True),
-    ("warc_offset", True),
-    ("warc_length", True),
-    ("payload_digest", True),
-    ("simhash", True),
-    ("near_dup_of", False),
-    ("canonical_hint", False),
-    ("redirect_to", False),
-    ("stored_file", True),
-)
-
-
-def event_values(c: Completion, now: float) -> tuple[Any, ...]:
-    """One index event row (R21): url_id, version, url, status, fetched_at, content_hash,
-    records, links, warc_file, warc_offset, warc_length, payload_digest, created_at."""
-    ls = c.lease
-    return (
-        ls.url_id,
-        ls.version,
-        ls.url,
-        c.status,
-        c.fetched_at,
-        c.content_hash,
-        len(c.records),
-        len(c.links),
-        c.warc_file,
-        c.warc_offset,
-        c.warc_length,
-        c.payload_digest,
-        now,
-    )
-
-
-def status_class(status: int | None) -> str | None:
-    """The response class a metric counts (R24): 2xx, 3xx, 304, 4xx, 429, 5xx."""
-    if status is None or status <= 0:
-        return None
-    if status in (304, 429):
-        return str(status)
-    return f"{min(max(status // 100, 1), 5)}xx"
-
-
-CONTROL_ACTIONS = ("pause", "resume", "block", "unblock", "set-delay", "set-budget")
-
-
-def control_value(action: str, host_key: str | None, value: Any) -> Any:
-    """Check a live-control request before any backend touches its database; the value to
-    store (delay seconds, budget) or None. Both backends call it, so they refuse alike."""
-    if action not in CONTROL_ACTIONS:
-        raise ValueError(f"unknown control action {action!r}")
-    if host_key is None and action not in ("pause", "resume"):
-        raise ValueError(f"control {action} needs a host")
-    if action == "set-delay":
-        delay = float(value)
-        if not delay >= 0:
-            raise ValueError(f"set-delay needs seconds >= 0, got {value!r}")
-        return delay
-    if action == "set-budget":
-        return None if value is None else int(value)
-    return None
-
-
-def redirect_loop(
-    url: str, target: str | None, target_of: Callable[[str], str | None], limit: int = 32
-) -> bool:
-    """Does following the stored ``redirect_to`` chain from ``target`` lead back into a cycle?
-
-    Dedup alone already stops a loop from being fetched twice; this tells the operator why the
-    chain ended (R14). A chain longer than ``limit`` counts as a loop too.
-    """
-    seen = {url}
-    for _ in range(limit):
-        if target is None:
-            return False
-        if target in seen:
-            return True
-        seen.add(target)
-        target = target_of(target)
-    return True
-
-
-def completion_counters(pages: Sequence[Completion]) -> dict[str, int]:
-    """Counters an accepted batch of page completions adds (status classes, bytes, dedup)."""
-    out: dict[str, int] = {}
-
-    def bump(name: str, n: int = 1) -> None:
-        if n:
-            out[name] = out.get(name, 0) + n
-
-    for c in pages:
-        cls = status_class(c.status)
-        if cls:
-            bump(f"status_{cls}")
-        bump("bytes_fetched", c.body_bytes or 0)
-        if c.payload_digest and not c.stored_body and c.status != 304 and c.warc_file:
-            bump("content_duplicates")
-        if c.near_dup_of is not None:
-            bump("near_duplicates")
-        if c.changed and c.lease.kind == PAGE and c.lease.version > 1:
-            bump("pages_changed")
-        for name, n in c.counters.items():
-            bump(name, n)
-    return out
+    def close(self) -> None: ...

@@ -516,11 +516,9 @@ class _Sim:
             else None,
             robots_max_attempts=opts.robots_max_attempts,
         )
-        self.frontier = SQLiteFrontier(db_path)
-        # The frontier's generator draws back-off jitter and lease tokens; seed it so the run
-        # is reproducible (there is no public hook for it yet).
-        if hasattr(self.frontier, "_rng"):
-            self.frontier._rng = random.Random(f"{opts.seed}:frontier")
+        # The frontier's generator draws back-off jitter and lease tokens; seeded, so the run
+        # is reproducible.
+        self.frontier = SQLiteFrontier(db_path, rng=random.Random(f"{opts.seed}:frontier"))
         self.ro = sqlite3.connect(
             Path(db_path).resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None
         )

@@ -103,7 +103,10 @@ def _open(db: str, tmp: str) -> tuple[Frontier, str, Callable[[], int]]:
             return pg.schema_bytes()
 
         return pg, "postgresql", pg_size
-    raise ValueError(f"--db must be 'sqlite' or a postgresql:// URL, got {db!r}")
+    if db.startswith("memory:"):
+        # Nothing on disk: its cost is the process's memory (peak RSS).
+        return open_frontier(db), "memory", lambda: 0
+    raise ValueError(f"--db must be 'sqlite', 'memory:' or a postgresql:// URL, got {db!r}")
 
 
 def run_frontier_bench(

@@ -1,0 +1,222 @@
+"""The PostgreSQL schema of a crawl: the same logical schema and version numbers as SQLite's.
+
+See ``sqlite.py`` for what each column is for. Each migration is a tuple of statements, applied
+in one transaction under an advisory lock (``postgres.py``). The migrations are Python strings,
+so the wheel needs no package data.
+
+Statement-level triggers keep ``hosts.queued`` / ``hosts.in_flight`` equal to the counts of the
+host's URLs in ``queued`` / ``leased`` (invariant I6), like the SQLite row triggers but with one
+write per host per statement instead of one per URL, and with the host rows taken in key order.
+"""
+
+from __future__ import annotations
+
+from .store import SCHEMA_VERSION
+
+COUNT_QUEUED_ON_INSERT = """
+CREATE FUNCTION urls_count_insert() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO hosts AS h (host_key, queued, in_flight)
+    SELECT host_key,
+           count(*) FILTER (WHERE state = 'queued'),
+           count(*) FILTER (WHERE state = 'leased')
+      FROM new_rows GROUP BY host_key ORDER BY host_key
+    ON CONFLICT (host_key) DO UPDATE
+       SET queued = h.queued + excluded.queued, in_flight = h.in_flight + excluded.in_flight
+     WHERE excluded.queued <> 0 OR excluded.in_flight <> 0;
+    RETURN NULL;
+END
+$$"""
+
+# Transition tables cannot be combined with "UPDATE OF state", so the update trigger sees every
+# UPDATE of urls; rows whose state did not change cancel out (+1 new, -1 old) and touch nothing.
+COUNT_QUEUED_ON_UPDATE = """
+CREATE FUNCTION urls_count_update() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE hosts AS h SET queued = h.queued + d.dq, in_flight = h.in_flight + d.dl
+      FROM (SELECT host_key, sum(dq) AS dq, sum(dl) AS dl
+              FROM (SELECT host_key, (state = 'queued')::int AS dq, (state = 'leased')::int AS dl
+                      FROM new_rows
+                    UNION ALL
+                    SELECT host_key, -(state = 'queued')::int, -(state = 'leased')::int
+                      FROM old_rows) AS c
+             GROUP BY host_key
+            HAVING sum(dq) <> 0 OR sum(dl) <> 0) AS d
+     WHERE h.host_key = d.host_key;
+    RETURN NULL;
+END
+$$"""
+
+# SQLite has no delete trigger because nothing deletes URLs; one here keeps I6 true even for a
+# manual clean-up.
+COUNT_QUEUED_ON_DELETE = """
+CREATE FUNCTION urls_count_delete() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE hosts AS h SET queued = h.queued - d.dq, in_flight = h.in_flight - d.dl
+      FROM (SELECT host_key,
+                   count(*) FILTER (WHERE state = 'queued') AS dq,
+                   count(*) FILTER (WHERE state = 'leased') AS dl
+              FROM old_rows GROUP BY host_key) AS d
+     WHERE h.host_key = d.host_key AND (d.dq <> 0 OR d.dl <> 0);
+    RETURN NULL;
+END
+$$"""
+
+# The same logical schema and version numbers as the SQLite backend (see sqlite.py for what each
+# column is for). Each migration is a tuple of statements, applied in one transaction.
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL DEFAULT 0)",
+        "CREATE TABLE seeds (host_key TEXT PRIMARY KEY)",
+        """
+CREATE TABLE hosts (
+    host_key          TEXT PRIMARY KEY,
+    next_allowed_at   DOUBLE PRECISION NOT NULL DEFAULT 0,
+    in_flight         INTEGER NOT NULL DEFAULT 0,
+    queued            INTEGER NOT NULL DEFAULT 0,
+    max_in_flight     INTEGER,
+    delay             DOUBLE PRECISION,
+    backoff_until     DOUBLE PRECISION NOT NULL DEFAULT 0,
+    error_streak      INTEGER NOT NULL DEFAULT 0,
+    latency_ewma      DOUBLE PRECISION,
+    paused            INTEGER NOT NULL DEFAULT 0,
+    pause_reason      TEXT,
+    robots_state      TEXT,
+    robots_body       BYTEA,
+    robots_fetched_at DOUBLE PRECISION,
+    robots_expires_at DOUBLE PRECISION,
+    crawl_delay       DOUBLE PRECISION,
+    budget_day        TEXT,
+    budget_used       INTEGER NOT NULL DEFAULT 0
+)""",
+        "CREATE INDEX hosts_ready ON hosts (next_allowed_at) WHERE queued > 0",
+        """
+CREATE TABLE urls (
+    url_id           BIGSERIAL PRIMARY KEY,
+    url              TEXT NOT NULL UNIQUE,
+    host_key         TEXT NOT NULL,
+    state            TEXT NOT NULL DEFAULT 'queued',
+    reason           TEXT,
+    version          INTEGER NOT NULL DEFAULT 1,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    depth            INTEGER NOT NULL DEFAULT 0,
+    due_at           DOUBLE PRECISION NOT NULL DEFAULT 0,
+    discovered_at    DOUBLE PRECISION NOT NULL DEFAULT 0,
+    lease_owner      TEXT,
+    lease_token      BIGINT,
+    lease_expires_at DOUBLE PRECISION,
+    leased_at        DOUBLE PRECISION,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    status_code      INTEGER,
+    fetched_at       DOUBLE PRECISION,
+    body_bytes       BIGINT,
+    content_hash     TEXT,
+    simhash          BIGINT,
+    etag             TEXT,
+    last_modified    TEXT,
+    next_fetch_at    DOUBLE PRECISION,
+    revisit_interval DOUBLE PRECISION,
+    canonical_hint   TEXT,
+    warc_file        TEXT,
+    warc_offset      BIGINT,
+    warc_length      BIGINT,
+    payload_digest   TEXT
+)""",
+        "CREATE INDEX urls_queue ON urls (host_key, priority DESC, due_at) WHERE state = 'queued'",
+        "CREATE INDEX urls_leases ON urls (lease_expires_at) WHERE state = 'leased'",
+        "CREATE INDEX urls_state ON urls (state)",
+        COUNT_QUEUED_ON_INSERT,
+        COUNT_QUEUED_ON_UPDATE,
+        COUNT_QUEUED_ON_DELETE,
+        "CREATE TRIGGER urls_insert AFTER INSERT ON urls REFERENCING NEW TABLE AS new_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION urls_count_insert()",
+        "CREATE TRIGGER urls_state AFTER UPDATE ON urls "
+        "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION urls_count_update()",
+        "CREATE TRIGGER urls_delete AFTER DELETE ON urls REFERENCING OLD TABLE AS old_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION urls_count_delete()",
+        """
+CREATE TABLE records (
+    record_id    TEXT PRIMARY KEY,
+    source       TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    url          TEXT NOT NULL,
+    data         TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    first_seen   DOUBLE PRECISION NOT NULL,
+    last_changed DOUBLE PRECISION NOT NULL
+)""",
+        """
+CREATE TABLE events (
+    event_id     BIGSERIAL PRIMARY KEY,
+    url_id       BIGINT NOT NULL,
+    url_version  INTEGER NOT NULL,
+    url          TEXT NOT NULL,
+    status       INTEGER,
+    fetched_at   DOUBLE PRECISION,
+    content_hash TEXT,
+    records      INTEGER NOT NULL DEFAULT 0,
+    links        INTEGER NOT NULL DEFAULT 0,
+    warc_file    TEXT,
+    warc_offset  BIGINT,
+    warc_length  BIGINT,
+    created_at   DOUBLE PRECISION NOT NULL,
+    UNIQUE (url_id, url_version)
+)""",
+        "CREATE TABLE deliveries (consumer TEXT PRIMARY KEY, cursor BIGINT NOT NULL DEFAULT 0)",
+        """
+CREATE TABLE partitions (
+    partition  INTEGER PRIMARY KEY,
+    owner      TEXT,
+    epoch      BIGINT NOT NULL DEFAULT 0,
+    expires_at DOUBLE PRECISION NOT NULL DEFAULT 0
+)""",
+    ),
+    # 2: robots.txt as a URL kind, host back-off reasons, the politeness audit log.
+    (
+        "ALTER TABLE urls ADD COLUMN kind TEXT NOT NULL DEFAULT 'page'",
+        "ALTER TABLE hosts ADD COLUMN robots_meta TEXT",
+        "ALTER TABLE hosts ADD COLUMN robots_failures INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE hosts ADD COLUMN backoff_reason TEXT",
+        """
+CREATE TABLE lease_log (
+    id               BIGSERIAL PRIMARY KEY,
+    host_key         TEXT NOT NULL,
+    url_id           BIGINT NOT NULL,
+    kind             TEXT NOT NULL,
+    granted_at       DOUBLE PRECISION NOT NULL,
+    eligible_at      DOUBLE PRECISION NOT NULL,
+    min_gap          DOUBLE PRECISION NOT NULL,
+    allowance        INTEGER NOT NULL,
+    in_flight_before INTEGER NOT NULL
+)""",
+        "CREATE INDEX lease_log_host ON lease_log (host_key, granted_at)",
+    ),
+    # 3: recrawl rounds, redirects, content dedup, per-host budgets (see sqlite.py).
+    (
+        "ALTER TABLE urls ADD COLUMN hops INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE urls ADD COLUMN redirect_to TEXT",
+        "ALTER TABLE urls ADD COLUMN near_dup_of BIGINT",
+        "ALTER TABLE urls ADD COLUMN stored_file TEXT",
+        "ALTER TABLE hosts ADD COLUMN budget INTEGER",
+        "ALTER TABLE events ADD COLUMN payload_digest TEXT",
+        "CREATE INDEX urls_refetch ON urls (next_fetch_at) WHERE state = 'done'",
+        "CREATE INDEX urls_due ON urls (due_at) WHERE state = 'queued'",
+        """
+CREATE TABLE bodies (
+    payload_digest TEXT PRIMARY KEY,
+    url_id         BIGINT NOT NULL,
+    url            TEXT NOT NULL,
+    warc_file      TEXT NOT NULL,
+    warc_offset    BIGINT NOT NULL,
+    warc_length    BIGINT NOT NULL,
+    first_seen     DOUBLE PRECISION NOT NULL
+)""",
+    ),
+]
+assert len(MIGRATIONS) == SCHEMA_VERSION

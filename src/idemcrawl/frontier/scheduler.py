@@ -1,0 +1,829 @@
+"""The frontier's policy, written once: every backend runs it over its own store.
+
+:class:`Scheduler` implements the whole contract of ``base.py``. Each backend subclasses it and
+supplies the transaction (``_run``: connection, BEGIN/COMMIT, retries) and a :class:`Store` per
+transaction (its rows and SQL dialect); the decisions are all made here, in Python:
+
+* **lease** — expire stale leases, then (unless the crawl is paused) level 1: ready hosts
+  (tokens, allowance by error streak, back-off, paused, something due: :func:`host_ready`);
+  level 2 per ready host: robots.txt first while unknown or expired, the defer rules
+  (Crawl-delay above the cap, robots.txt unreachable after N attempts, daily budget), then
+  delay, allowance and budget decide how many URLs to take; the URLs of all those hosts are
+  picked in one store call, robots-disallowed ones become ``disallowed``; finally one grant for
+  every host (lease rows, lease log, host token and budget).
+* **complete** / **fail** — the lease fence (I3), then the host: a robots.txt answer becomes
+  host state (sitemaps, defer, back-off), a success steps the error streak down and feeds the
+  latency average, an error backs the host off (circuit breaker), and every end of a request
+  spaces the next start (I8); records, links, bodies, redirect loops, events and counters.
+* rounds (``reschedule_due``), ``requeue_deferred``, live ``control`` and partition fences.
+
+The formulas themselves live in ``politeness.py`` and ``robots.py``. Host state a batch changes
+is computed here from rows the store read (and, on PostgreSQL, locked) in the same transaction,
+and written back once per host.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import robots
+from .. import url as urlmod
+from ..politeness import allowance, backoff_seconds, effective_delay, update_latency
+from ..robots import RobotsState, needs_fetch, state_from_row, state_to_row
+from ..robots import outcome as robots_outcome
+from .base import (
+    DOWNLOAD,
+    FAILED,
+    LEASED,
+    PAGE,
+    QUEUED,
+    ROBOTS,
+    SITEMAP,
+    Completion,
+    Failure,
+    Fence,
+    HostPolicy,
+    Lease,
+    NewURL,
+    PartitionBusy,
+    Reparsed,
+    StaleEpoch,
+    control_value,
+)
+from .reads import Reads
+from .store import (
+    FailRow,
+    Grant,
+    HostRow,
+    PickRow,
+    Store,
+    event_values,
+)
+
+#: Host columns a completion or failure may change (written once per host per batch).
+AFTER_REQUEST_COLUMNS = (
+    "latency_ewma", "error_streak", "backoff_until", "backoff_reason", "next_allowed_at",
+)  # fmt: skip
+#: Host columns a robots.txt answer sets (``robots.state_to_row`` plus the failure count).
+ROBOTS_COLUMNS = (
+    "robots_state", "robots_body", "robots_fetched_at", "robots_expires_at", "crawl_delay",
+    "robots_meta", "robots_failures",
+)  # fmt: skip
+#: Level 2 asks for this many URLs beyond what it needs when robots.txt may refuse some.
+ROBOTS_SLACK = 16
+
+BLOCKED = "blocked by operator"
+
+
+# -- policy helpers ------------------------------------------------------------------------------
+
+
+def host_ready(h: HostRow, now: float, max_in_flight: int) -> bool:
+    """Level 1 (R6-R8): may ``h`` be granted a lease at ``now``, its queue aside?
+
+    ``Store.ready_hosts`` selects with this predicate plus "some queued URL is due" (so that a
+    host holding only future retries cannot sit at the head of the window and starve ready
+    hosts behind it): ``sql.READY_HOSTS`` is it in SQL, index-friendly; the memory store calls
+    it.
+    """
+    configured = h.max_in_flight if h.max_in_flight is not None else max_in_flight
+    return (
+        h.queued > 0
+        and h.next_allowed_at <= now
+        and h.backoff_until <= now
+        and not h.paused
+        and h.in_flight < allowance(configured, h.error_streak)
+    )
+
+
+def defer_reason(state: RobotsState, failures: int, policy: HostPolicy) -> str | None:
+    """Why a host's pages cannot be crawled in this run at all, if they cannot."""
+    if state.deferred_reason:
+        return state.deferred_reason
+    if state.mode == robots.DISALLOW_ALL and failures >= policy.robots_max_attempts:
+        return f"robots.txt unreachable after {failures} attempts: {state.last_error}"
+    return None
+
+
+def budget_day(now: float) -> str:
+    """The UTC day a per-host fetch budget counts against (R17)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now))
+
+
+def budget_left(h: HostRow, day: str, policy: HostPolicy) -> float:
+    """Fetches the host may still start on ``day`` (inf without a budget)."""
+    budget = h.budget if h.budget is not None else policy.daily_budget
+    if budget is None:
+        return math.inf
+    used = h.budget_used if h.budget_day == day else 0
+    return max(0, budget - used)
+
+
+def end_gap(h: dict[str, Any], policy: HostPolicy) -> float:
+    """I8: the delay (configured, or robots Crawl-delay within the cap) that also separates the
+    end of one response from the next start on the host."""
+    cap = policy.robots.settings.crawl_delay_cap if policy.robots is not None else -1.0
+    configured = h["delay"] if h["delay"] is not None else policy.delay
+    crawl_delay = h["crawl_delay"]
+    return max(configured, crawl_delay if crawl_delay is not None and crawl_delay <= cap else 0.0)
+
+
+def sitemap_urls(locations: Iterable[str], host_key: str) -> list[NewURL]:
+    """robots.txt ``Sitemap:`` lines that become sitemap URLs of the crawl (R12).
+
+    Only sitemaps on the robots.txt's own host are taken: a sitemap elsewhere would be fetched
+    outside the crawl's scope, and its entries could not be vouched for by this host anyway.
+    """
+    out = []
+    for loc in locations:
+        try:
+            u = urlmod.normalise(loc)
+        except urlmod.InvalidURL:
+            continue
+        if urlmod.host_key(u) == host_key:
+            out.append(NewURL(u, host_key, priority=5, depth=1, kind=SITEMAP))
+    return out
+
+
+def lease_from_row(
+    row: PickRow, host_key: str, token: int, owner: str, expires: float, kind: str
+) -> Lease:
+    url_id, url, version, depth, attempts, due_at, row_kind = row[:7]
+    etag, last_modified, prev_hash, prev_status, interval, hops = row[7:13]
+    return Lease(
+        url_id,
+        url,
+        host_key,
+        version,
+        token,
+        owner,
+        expires,
+        depth,
+        attempts,
+        kind if kind == ROBOTS else row_kind,
+        due_at,
+        etag,
+        last_modified,
+        prev_hash,
+        prev_status,
+        interval,
+        hops or 0,
+    )
+
+
+def status_class(status: int | None) -> str | None:
+    """The response class a metric counts (R24): 2xx, 3xx, 304, 4xx, 429, 5xx."""
+    if status is None or status <= 0:
+        return None
+    if status in (304, 429):
+        return str(status)
+    return f"{min(max(status // 100, 1), 5)}xx"
+
+
+def redirect_loop(
+    url: str, target: str | None, target_of: Callable[[str], str | None], limit: int = 32
+) -> bool:
+    """Does following the stored ``redirect_to`` chain from ``target`` lead back into a cycle?
+
+    Dedup alone already stops a loop from being fetched twice; this tells the operator why the
+    chain ended (R14). A chain longer than ``limit`` counts as a loop too.
+    """
+    seen = {url}
+    for _ in range(limit):
+        if target is None:
+            return False
+        if target in seen:
+            return True
+        seen.add(target)
+        target = target_of(target)
+    return True
+
+
+def completion_counters(pages: Sequence[Completion]) -> dict[str, int]:
+    """Counters an accepted batch of page completions adds (status classes, bytes, dedup)."""
+    out: dict[str, int] = {}
+
+    def bump(name: str, n: int = 1) -> None:
+        if n:
+            out[name] = out.get(name, 0) + n
+
+    for c in pages:
+        cls = status_class(c.status)
+        if cls:
+            bump(f"status_{cls}")
+        bump("bytes_fetched", c.body_bytes or 0)
+        if c.payload_digest and not c.stored_body and c.status != 304 and c.warc_file:
+            bump("content_duplicates")
+        if c.near_dup_of is not None:
+            bump("near_duplicates")
+        if c.changed and c.lease.kind == PAGE and c.lease.version > 1:
+            bump("pages_changed")
+        for name, n in c.counters.items():
+            bump(name, n)
+        for reason, n in c.rejections.items():
+            bump(f"links_rejected_{reason}", n)
+    return out
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What level 2 decided for one host before its URLs are picked."""
+
+    host: HostRow
+    take: int
+    state: RobotsState | None
+    delay: float
+    allow: int
+    rows: list[PickRow] = field(default_factory=list)
+
+
+# -- the contract, once ------------------------------------------------------------------------
+
+
+class Scheduler(Reads):
+    """The frontier contract over a :class:`Store`; a backend supplies ``_run`` (see
+    :class:`~.reads.Reads`), ``migrate`` and ``close``.
+
+    ``_rng`` draws lease tokens and back-off jitter: pass ``rng=random.Random(seed)`` to a
+    backend's constructor for a reproducible run (the simulator, property tests).
+    """
+
+    _rng: random.Random
+
+    # -- scheduling core -----------------------------------------------------------------------
+
+    def add(self, urls: Iterable[NewURL], now: float) -> int:
+        batch = list(urls)
+        if not batch:
+            return 0
+
+        def tx(s: Store) -> int:
+            # Lock first, like every writer: a completion inserting the same link cannot wait
+            # on us while we wait on its host row.
+            s.lock_hosts({u.host_key for u in batch})
+            return s.insert_urls(batch, now)
+
+        return self._run(tx)
+
+    def lease(
+        self,
+        owner: str,
+        limit: int,
+        now: float,
+        lease_seconds: float,
+        policy: HostPolicy,
+        fence: Fence | None = None,
+    ) -> list[Lease]:
+        if limit <= 0:
+            return []
+        return self._run(
+            lambda s: self._lease(s, owner, limit, now, now + lease_seconds, policy, fence)
+        )
+
+    def _lease(
+        self,
+        s: Store,
+        owner: str,
+        limit: int,
+        now: float,
+        expires: float,
+        policy: HostPolicy,
+        fence: Fence | None,
+    ) -> list[Lease]:
+        if fence is not None:
+            self._check_fence(s, fence, owner, now)
+        self._expire(s, now, in_lease=True)
+        if s.crawl_paused():
+            return []  # the operator paused the whole crawl (idemcrawl control pause)
+        grants: list[Grant] = []
+        granted = 0
+        day = budget_day(now)
+        ready = iter(s.ready_hosts(now, policy.max_in_flight, limit * 2 + 8))
+        while granted < limit:
+            # Plan hosts until their shares cover what is left, then pick for all at once.
+            plans: list[_Plan] = []
+            room = limit - granted
+            for h in ready:
+                plan = self._plan_host(s, h, owner, room, now, day, expires, policy)
+                if isinstance(plan, Grant):  # its robots.txt
+                    grants.append(plan)
+                    granted += 1
+                    room -= 1
+                elif plan is not None:
+                    plans.append(plan)
+                    room -= plan.take
+                if room <= 0:
+                    break
+            if not plans:
+                break
+            self._pick(s, plans, now, policy)
+            for p in plans:
+                g = self._grant_of(p.host, p.rows, PAGE, owner, now, day, expires, p.delay, p.allow)
+                if g is not None:
+                    grants.append(g)
+                    granted += len(g.leases)
+        if grants:
+            s.grant(grants, owner, now, expires)
+        s.bump("leases_granted", granted)
+        return [ls for g in grants for ls in g.leases]
+
+    def _plan_host(
+        self,
+        s: Store,
+        h: HostRow,
+        owner: str,
+        room: int,
+        now: float,
+        day: str,
+        expires: float,
+        policy: HostPolicy,
+    ) -> _Plan | Grant | None:
+        """Level 2 for one ready host: its robots.txt first (granted at once), else how many
+        of its URLs to take, if any."""
+        configured = h.delay if h.delay is not None else policy.delay
+        max_in_flight = h.max_in_flight if h.max_in_flight is not None else policy.max_in_flight
+        state: RobotsState | None = None
+        cap = math.inf
+        if policy.robots is not None:
+            cap = policy.robots.settings.crawl_delay_cap
+            state = state_from_row(h._asdict())
+            if needs_fetch(state, now):
+                return self._lease_robots(s, h, owner, now, day, expires, configured, policy)
+            assert state is not None
+            reason = defer_reason(state, h.robots_failures, policy)
+            if reason is not None:
+                self._defer_host(s, h.host_key, reason)
+                return None
+            if state.mode == robots.DISALLOW_ALL:
+                return None  # unreachable robots.txt: wait for its retry (host backs off until)
+        delay = effective_delay(
+            configured, state.crawl_delay if state else h.crawl_delay, cap, h.latency_ewma, policy
+        )
+        allow = allowance(max_in_flight, h.error_streak)
+        left = budget_left(h, day, policy)
+        if left <= 0:
+            self._defer_host(s, h.host_key, "daily fetch budget exhausted")
+            s.bump("budget_exhausted", 1)
+            return None
+        # With a delay, one start per grant: a second grant now would break the spacing.
+        take = int(min(room, allow - h.in_flight, 1 if delay > 0 else room, left))
+        return _Plan(h, take, state, delay, allow) if take > 0 else None
+
+    def _pick(self, s: Store, plans: Sequence[_Plan], now: float, policy: HostPolicy) -> None:
+        """Each plan's best due URLs, for all hosts in one store call per round; a URL that
+        robots.txt disallows becomes ``disallowed`` (I10) and the host asks again."""
+        pending = list(plans)
+        while pending:
+            # Rows picked in an earlier round are still 'queued' until granted: excluded.
+            wants = [
+                (p.host.host_key, p.take - len(p.rows) + (ROBOTS_SLACK if p.state else 0),
+                 [r[0] for r in p.rows])
+                for p in pending
+            ]  # fmt: skip
+            got = s.pick_urls(wants, now)
+            refused: list[int] = []
+            again = []
+            for p, (key, want, _) in zip(pending, wants, strict=True):
+                rows = got.get(key, [])
+                n_refused = len(refused)
+                for r in rows:
+                    if (
+                        p.state is None
+                        or policy.robots is None
+                        or policy.robots.allowed(key, p.state, r[1])
+                    ):
+                        if len(p.rows) < p.take:
+                            p.rows.append(r)
+                    else:
+                        refused.append(r[0])
+                # Ask again only if something was refused and the queue was not exhausted.
+                if len(refused) > n_refused and len(rows) >= want and len(p.rows) < p.take:
+                    again.append(p)
+            if refused:
+                assert policy.robots is not None
+                s.mark_disallowed(refused, f"robots.txt disallows {policy.robots.token}")
+                s.bump("robots_disallowed", len(refused))
+            pending = again
+
+    def _lease_robots(
+        self,
+        s: Store,
+        h: HostRow,
+        owner: str,
+        now: float,
+        day: str,
+        expires: float,
+        delay: float,
+        policy: HostPolicy,
+    ) -> Grant | None:
+        """Queue (or requeue, as a new version) the host's robots.txt and lease it (I10)."""
+        allow = allowance(
+            h.max_in_flight if h.max_in_flight is not None else policy.max_in_flight,
+            h.error_streak,
+        )
+        if h.in_flight >= allow:
+            return None
+        url = robots.robots_url(h.host_key)
+        found = s.claim_url(url)
+        if found is None:
+            s.insert_urls([NewURL(url, h.host_key, kind=ROBOTS)], now)
+            found = s.claim_url(url)
+            if found is None:
+                return None  # it exists, and another transaction holds it right now
+        url_id, state, kind = found
+        if state == LEASED:
+            return None  # already being fetched
+        if state != QUEUED or kind != ROBOTS:
+            # A finished copy is fetched again as a new round of the URL (R4).
+            s.make_robots(url_id, now, new_round=state != QUEUED)
+        row = s.pick_row(url_id)
+        return self._grant_of(h, [row], ROBOTS, owner, now, day, expires, delay, allow)
+
+    def _grant_of(
+        self,
+        h: HostRow,
+        rows: Sequence[PickRow],
+        kind: str,
+        owner: str,
+        now: float,
+        day: str,
+        expires: float,
+        delay: float,
+        allow: int,
+    ) -> Grant | None:
+        """The grant moves ``next_allowed_at`` by the delay in the same step (I6)."""
+        if not rows:
+            return None
+        leases = [
+            lease_from_row(r, h.host_key, self._rng.getrandbits(62) or 1, owner, expires, kind)
+            for r in rows
+        ]
+        used = (h.budget_used if h.budget_day == day else 0) + len(leases)
+        return Grant(h.host_key, leases, delay, allow, h.in_flight, now + delay, day, used)
+
+    def _defer_host(
+        self, s: Store, host_key: str, reason: str, *, robots_too: bool = False
+    ) -> None:
+        s.bump("urls_deferred", s.defer_queued(host_key, reason, robots_too=robots_too))
+
+    def _check_fence(self, s: Store, fence: Fence, owner: str, now: float) -> None:
+        """I9: refuse a stale owner before anything is granted."""
+        row = s.partition(fence.partition, create=False)
+        if row is None or row[1] != fence.epoch or row[0] != owner or row[2] <= now:
+            current = "none" if row is None else f"epoch {row[1]} owned by {row[0]}"
+            raise StaleEpoch(
+                f"partition {fence.partition}: fence epoch {fence.epoch} of {owner} is stale "
+                f"(current: {current})"
+            )
+
+    def acquire_partition(self, partition: int, owner: str, now: float, ttl: float) -> Fence:
+        def tx(s: Store) -> Fence:
+            row = s.partition(partition, create=True)
+            assert row is not None
+            holder, epoch, expires_at = row
+            if holder == owner and expires_at > now:
+                epoch = int(epoch)  # still ours: renew without a new epoch
+            elif expires_at <= now or holder is None:
+                epoch = int(epoch) + 1  # take over: every earlier fence becomes stale
+            else:
+                raise PartitionBusy(
+                    f"partition {partition} is owned by {holder} for another "
+                    f"{expires_at - now:.1f} s"
+                )
+            s.set_partition(partition, owner, epoch, now + ttl)
+            return Fence(partition, epoch)
+
+        return self._run(tx)
+
+    def renew_partition(self, fence: Fence, owner: str, now: float, ttl: float) -> None:
+        def tx(s: Store) -> None:
+            if not s.renew_partition(fence.partition, owner, fence.epoch, now + ttl):
+                raise StaleEpoch(
+                    f"partition {fence.partition}: cannot renew epoch {fence.epoch} for {owner}"
+                )
+
+        self._run(tx)
+
+    def complete(
+        self, completions: Sequence[Completion], now: float, policy: HostPolicy
+    ) -> list[bool]:
+        """One transaction for the batch, each completion fenced on (url_id, version, token)."""
+        if not completions:
+            return []
+        return self._run(lambda s: self._complete(s, completions, now, policy))
+
+    def _complete(
+        self, s: Store, completions: Sequence[Completion], now: float, policy: HostPolicy
+    ) -> list[bool]:
+        own = {c.lease.host_key for c in completions}
+        rows = s.lock_hosts(own | {u.host_key for c in completions for u in c.links}, read=own)
+        accepted = s.finish(completions)
+        done = [c for c, ok in zip(completions, accepted, strict=True) if ok]
+        pages = [c for c in done if c.lease.kind != ROBOTS]
+        hosts: dict[str, dict[str, Any]] = {}
+        robots_hosts: list[str] = []
+        # robots.txt first: a Crawl-delay learnt here already spaces the next request.
+        for c in done:
+            if c.lease.kind == ROBOTS:
+                h = hosts.setdefault(c.lease.host_key, rows[c.lease.host_key]._asdict())
+                if self._store_robots(s, h, c, now, policy):
+                    robots_hosts.append(c.lease.host_key)
+                self._success(h, c.latency, now, policy)
+        for c in pages:
+            h = hosts.setdefault(c.lease.host_key, rows[c.lease.host_key]._asdict())
+            self._success(h, c.latency, now, policy)
+        if robots_hosts:
+            s.update_hosts(
+                ROBOTS_COLUMNS, [[hosts[k][c] for c in ROBOTS_COLUMNS] + [k] for k in robots_hosts]
+            )
+        self._write_hosts(s, hosts, rows)
+        records = [
+            (r.record_id, r.source, r.key, c.lease.url, r.data_json, r.content_hash, now, now)
+            for c in pages
+            for r in c.records
+        ]
+        if records:
+            s.upsert_records(records)
+        links = [u for c in pages for u in c.links]
+        links_new = s.insert_urls(links, now) if links else 0
+        bodies = [
+            (c.payload_digest, c.lease.url_id, c.lease.url, c.warc_file, c.warc_offset,
+             c.warc_length, now)
+            for c in pages
+            if c.stored_body and c.payload_digest and c.warc_file is not None
+        ]  # fmt: skip
+        if bodies:
+            s.insert_bodies(bodies)
+        loops = [
+            (f"redirect loop via {c.redirect_to}", c.lease.url_id)
+            for c in pages
+            if c.redirect_to is not None
+            and redirect_loop(c.lease.url, c.redirect_to, s.redirect_target)
+        ]
+        if loops:
+            s.set_last_error(loops)
+            s.bump("redirect_loops", len(loops))
+        # Sitemaps emit no event; a round that changed nothing (304, same body) neither (R21).
+        indexed = [c for c in pages if c.lease.kind in (PAGE, DOWNLOAD) and c.changed]
+        if indexed:
+            s.insert_events([event_values(c, now) for c in indexed])
+        n_ok = len(done)
+        s.bump("fetches", n_ok)
+        s.bump("completions_rejected", len(completions) - n_ok)
+        s.bump("links_new", links_new)
+        s.bump("url_duplicates", len(links) - links_new)
+        for name, n in completion_counters(pages).items():
+            s.bump(name, n)
+        return accepted
+
+    def _store_robots(
+        self, s: Store, h: dict[str, Any], c: Completion, now: float, policy: HostPolicy
+    ) -> bool:
+        """Turn a robots.txt fetch into host state, keeping the last good copy (R7)."""
+        if policy.robots is None or c.robots is None:
+            return False
+        rf = c.robots
+        state = robots_outcome(
+            rf.status,
+            rf.body,
+            now,
+            policy.robots.settings,
+            state_from_row(h),
+            error=rf.error,
+            too_many_redirects=rf.too_many_redirects,
+        )
+        unreachable = state.last_error is not None and not (
+            rf.status is not None and 200 <= rf.status < 500 and rf.status != 429
+        )
+        failures = h["robots_failures"] + 1 if unreachable else 0
+        if rf.permanent:
+            failures = max(failures, policy.robots_max_attempts)
+        h.update(state_to_row(state), robots_failures=failures)
+        s.bump("robots_fetches", 1)
+        own = sitemap_urls(state.sitemaps, h["host_key"])
+        if own:
+            s.insert_urls(own, now)
+        reason = defer_reason(state, failures, policy)
+        if reason is not None:
+            self._defer_host(s, h["host_key"], reason)
+        elif state.mode == robots.DISALLOW_ALL:
+            h["backoff_until"] = max(h["backoff_until"], state.expires_at)
+            h["backoff_reason"] = f"robots.txt unreachable: {state.last_error}"
+        return True
+
+    @staticmethod
+    def _success(h: dict[str, Any], latency: float | None, now: float, p: HostPolicy) -> None:
+        """A good answer: the error streak steps down, latency feeds the adaptive delay (R8)."""
+        if latency is not None:
+            h["latency_ewma"] = update_latency(h["latency_ewma"], latency)
+        if h["error_streak"] <= 1:
+            h["backoff_reason"] = None
+        h["error_streak"] = max(0, h["error_streak"] - 1)
+        h["next_allowed_at"] = max(h["next_allowed_at"], now + end_gap(h, p))
+
+    def _host_error(
+        self, s: Store, h: dict[str, Any], retry_after: float | None, now: float, p: HostPolicy
+    ) -> float:
+        """Count an error against the host and back it off (R8); returns the rest in seconds."""
+        h["error_streak"] += 1
+        rest, reason = backoff_seconds(h["error_streak"], retry_after, p, self._rng)
+        h["backoff_until"] = max(h["backoff_until"], now + rest)
+        h["backoff_reason"] = reason
+        if h["error_streak"] == p.breaker_threshold:
+            s.bump("breaker_trips", 1)
+        s.bump("host_backoffs", 1)
+        return rest
+
+    @staticmethod
+    def _write_hosts(
+        s: Store, hosts: dict[str, dict[str, Any]], before: dict[str, HostRow]
+    ) -> None:
+        """One update per host whose state the batch changed (none for a host it did not: a
+        write that changes nothing still costs a row version on PostgreSQL)."""
+        changed = [
+            [h[c] for c in AFTER_REQUEST_COLUMNS] + [k]
+            for k, h in sorted(hosts.items())
+            if any(h[c] != getattr(before[k], c) for c in AFTER_REQUEST_COLUMNS)
+        ]
+        if changed:
+            s.update_hosts(AFTER_REQUEST_COLUMNS, changed)
+
+    def fail(self, failures: Sequence[Failure], now: float, policy: HostPolicy) -> list[bool]:
+        if not failures:
+            return []
+        return self._run(lambda s: self._fail(s, failures, now, policy))
+
+    def _fail(
+        self, s: Store, failures: Sequence[Failure], now: float, policy: HostPolicy
+    ) -> list[bool]:
+        own = {f.lease.host_key for f in failures}
+        rows = s.lock_hosts(own, read=own)
+        # I3: the fence first, so a stale failure changes nothing, not even the host's back-off.
+        accepted = s.live_leases([f.lease for f in failures])
+        hosts: dict[str, dict[str, Any]] = {}
+        updates: list[FailRow] = []
+        for f, ok in zip(failures, accepted, strict=True):
+            if not ok:
+                continue
+            ls = f.lease
+            h = hosts.setdefault(ls.host_key, rows[ls.host_key]._asdict())
+            retry_at = f.retry_at
+            if f.host_error:
+                rest = self._host_error(s, h, f.retry_after, now, policy)
+                if retry_at is not None:
+                    retry_at = max(retry_at, now + rest)
+            final = retry_at is None
+            updates.append(
+                (
+                    FAILED if final else QUEUED,
+                    now if final else retry_at,
+                    f.error,
+                    f.error if final else None,
+                    f.status,
+                    f.warc_file,
+                    f.warc_offset,
+                    f.warc_length,
+                    f.payload_digest,
+                    ls.url_id,
+                    ls.version,
+                    ls.token,
+                )
+            )
+            h["next_allowed_at"] = max(h["next_allowed_at"], now + end_gap(h, policy))  # I8
+            cls = status_class(f.status)
+            if cls:
+                s.bump(f"status_{cls}", 1)
+            if f.retry_at is not None:
+                s.bump("retries", 1)
+        if updates:
+            s.fail_leases(updates)
+        self._write_hosts(s, hosts, rows)
+        s.bump("fetches", len(updates))
+        s.bump("fetch_errors", len(updates))
+        s.bump("completions_rejected", len(failures) - len(updates))
+        return accepted
+
+    def expire(self, now: float) -> int:
+        return self._run(lambda s: self._expire(s, now))
+
+    def _expire(self, s: Store, now: float, *, in_lease: bool = False) -> int:
+        """Return expired leases to the queue (I7). Inside ``lease`` the hosts are taken without
+        waiting: a host another transaction holds right now is expired by the next call."""
+        expired = s.expired_leases(now)
+        if not expired:
+            return 0
+        hosts = {h for _, h in expired}
+        held = s.lock_hosts(hosts, read=hosts, skip_locked=in_lease)
+        n = s.requeue_leases([u for u, h in expired if h in held], now)
+        s.bump("lease_expiries", n)
+        return n
+
+    def release_owner(self, owner: str) -> int:
+        def tx(s: Store) -> int:
+            s.lock_hosts(s.leased_hosts(owner))
+            n = s.release_owner(owner)
+            s.bump("leases_reclaimed", n)
+            return n
+
+        return self._run(tx)
+
+    def reschedule_due(self, now: float, limit: int) -> int:
+        """A new round (version + 1, R4, R16) for finished URLs whose time has come."""
+
+        def tx(s: Store) -> int:
+            due = s.due_rounds(now, limit)
+            if not due:
+                return 0
+            s.lock_hosts({h for _, h in due})
+            n = s.start_rounds([u for u, _ in due])
+            s.bump("revisits", n)
+            return n
+
+        return self._run(tx)
+
+    def requeue_deferred(self) -> int:
+        """Deferred URLs get another chance, and robots.txt its full count of attempts."""
+
+        def tx(s: Store) -> int:
+            s.lock_hosts(s.deferred_hosts())
+            s.reset_robots_failures()
+            return s.requeue_deferred()
+
+        return self._run(tx)
+
+    # -- live control and per-host settings ----------------------------------------------------
+
+    def control(self, action: str, host_key: str | None = None, value: Any = None) -> int:
+        """Live control (R23): the next lease of every process sees it."""
+        stored = control_value(action, host_key, value)
+
+        def tx(s: Store) -> int:
+            if host_key is None:
+                s.set_meta("paused", "1" if action == "pause" else "0")
+                return 1
+            s.ensure_hosts([host_key])
+            s.lock_hosts([host_key])
+            if action == "pause":
+                s.update_hosts(("paused", "pause_reason"), [(1, "paused by operator", host_key)])
+            elif action in ("resume", "unblock"):
+                s.update_hosts(("paused", "pause_reason"), [(0, None, host_key)])
+                if action == "unblock":
+                    s.requeue_deferred(host_key, BLOCKED)
+            elif action == "block":
+                s.update_hosts(("paused", "pause_reason"), [(1, BLOCKED, host_key)])
+                self._defer_host(s, host_key, BLOCKED, robots_too=True)
+            elif action == "set-delay":
+                s.update_hosts(("delay",), [(stored, host_key)])
+            else:
+                s.update_hosts(("budget",), [(stored, host_key)])
+            return 1
+
+        return self._run(tx)
+
+    def set_host_overrides(
+        self, host_key: str, *, delay: float | None, max_in_flight: int | None
+    ) -> None:
+        def tx(s: Store) -> None:
+            s.ensure_hosts([host_key])
+            s.update_hosts(("delay", "max_in_flight"), [(delay, max_in_flight, host_key)])
+
+        self._run(tx)
+
+    def apply_reparse(self, items: Sequence[Reparsed], now: float) -> int:
+        if not items:
+            return 0
+
+        def tx(s: Store) -> int:
+            good = [it for it in items if it.error is None]
+            links = [u for it in good for u in it.links]
+            s.lock_hosts({u.host_key for u in links})
+            records = [
+                (r.record_id, r.source, r.key, it.url, r.data_json, r.content_hash, now, now)
+                for it in good
+                for r in it.records
+            ]
+            if records:
+                s.upsert_records(records)
+            new = s.insert_urls(links, now) if links else 0
+            s.reparse_outcome([(it.error, it.url_id) for it in items])
+            s.bump("reparsed", len(items))
+            s.bump("links_new", new)
+            return len(records)
+
+        return self._run(tx)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._run(lambda s: s.set_meta(key, value))
+
+    def add_seeds(self, host_keys: Iterable[str]) -> None:
+        keys = list(host_keys)
+        if keys:
+            self._run(lambda s: s.add_seeds(keys))
+
+    def set_cursor(self, consumer: str, cursor: int) -> None:
+        self._run(lambda s: s.set_cursor(consumer, cursor))
