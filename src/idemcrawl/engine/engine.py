@@ -266,7 +266,9 @@ class Engine:
         """Workers and the feeder end first; the committer then drains what they produced."""
         async with asyncio.TaskGroup() as outer:
             outer.create_task(committer.run(), name="committer")
-            reporting = reporter and outer.create_task(reporter.run(), name="reporter")
+            reporting = None
+            if reporter is not None:
+                reporting = outer.create_task(reporter.run(), name="reporter")
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(feeder.run(), name="feeder")
                 for i in range(self.cfg.concurrency):
