@@ -13,7 +13,7 @@ from idemcrawl.engine import run_crawl
 from idemcrawl.frontier.sqlite import SQLiteFrontier
 from idemcrawl.lab.testsite import ShopConfig, ShopServer, expected_products
 
-from .conftest import crawl_config
+from ..conftest import crawl_config
 
 
 def stored(db: Path) -> dict[str, str]:

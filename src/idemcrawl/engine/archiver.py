@@ -1,0 +1,206 @@
+"""WARC archiving with body dedup (R11, R20): each exchange written before its page commits.
+
+* Writes run on the store's own thread (compression and disk I/O off the event loop); the store
+  has one writer per file prefix, this process's owner slot.
+* A body byte-identical to one already archived becomes a ``revisit`` record pointing at the
+  first copy: stored once, referenced after. "Already archived" covers three cases: bodies the
+  frontier knows (a Bloom filter answers "surely not" without a query), bodies this process
+  archived whose pages have not committed yet (the frontier learns them only at commit), and a
+  body another worker is writing at this very moment (wait for it, then refer to it).
+* When the store cannot take a body (disk full, unwritable), completing the page without it
+  would break the promise that every committed page is archived: the archiver reports why
+  (``on_fatal``: the engine stops cleanly) and raises :class:`ArchiveFailed`; the page is not
+  committed and a restart fetches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from ..dedup import BloomNegativeCache
+from ..fetch import FetchResult
+from ..frontier.base import Frontier, Lease, NewURL
+from ..parse import ParseResult
+from ..warc import WarcError, WarcPointer, WarcStore, payload_digest, store_download
+from .calls import Call
+from .clock import Clock
+
+T = TypeVar("T")
+
+#: Bodies this process archived, remembered until their pages have surely committed.
+RECENT_BODIES = 4096
+
+
+class ArchiveFailed(Exception):
+    """The store refused a write; the crawl is stopping, and this page must not commit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    """Where a page's response is archived (all None when WARC output is off)."""
+
+    file: str | None = None
+    offset: int | None = None
+    length: int | None = None
+    digest: str | None = None
+    stored: bool = False
+
+
+class Archiver:
+    """``store`` None: WARC output is off (downloads are still kept under ``directory``).
+
+    ``bodies`` holds the payload digests the frontier knows (required with a store);
+    ``on_fatal`` receives the reason the crawl must stop, once.
+    """
+
+    def __init__(
+        self,
+        store: WarcStore | None,
+        directory: str,
+        *,
+        write: Call,
+        call: Call,
+        frontier: Frontier,
+        clock: Clock,
+        bodies: BloomNegativeCache | None,
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        if store is not None and bodies is None:
+            raise ValueError("an archive needs the Bloom filter of archived bodies")
+        self.store = store
+        self._directory = directory
+        self._write = write
+        self._call = call
+        self._frontier = frontier
+        self._clock = clock
+        self._bodies = bodies
+        self._on_fatal = on_fatal
+        self._failed = False
+        self._recent: OrderedDict[str, tuple[str, int, int, str]] = OrderedDict()
+        self._writing: dict[str, asyncio.Future[None]] = {}
+
+    async def _store(self, fn: Callable[[], T]) -> T:
+        """Run a write on the store's thread; a refused write stops the crawl (once)."""
+        try:
+            return await self._write(fn)
+        except (WarcError, OSError) as exc:
+            if not self._failed:
+                self._failed = True
+                self._on_fatal(f"WARC store failed: {exc}")
+            raise ArchiveFailed(str(exc)) from exc
+
+    async def archive(
+        self, lease: Lease, res: FetchResult, result: ParseResult, links: list[NewURL]
+    ) -> Archived:
+        """Archive a parsed exchange (R19, R20); ArchiveFailed when the store refuses it.
+
+        Written once the page is parsed so the metadata record can list the discovered links; a
+        page whose parse failed or timed out is archived all the same (reparse reads it back).
+        """
+        store = self.store
+        if store is None:
+            return Archived()
+        body_digest = payload_digest(res.body)
+        pending = self._writing.get(body_digest)
+        if pending is not None:  # the same body is being archived by another worker right now
+            await asyncio.shield(pending)
+        first = self._recent.get(body_digest)
+        assert self._bodies is not None
+        if first is None and self._bodies.might_contain(body_digest):
+            found = await self._call(self._frontier.find_bodies, [body_digest])
+            first = found.get(body_digest)
+        if first is not None:
+            ref = WarcPointer(first[0], first[1], first[2], body_digest)
+            await self._revisit(
+                store, lease, res, "identical-payload-digest", ref, first[3], body_digest
+            )
+            # The URL points at the full copy, so reparse and readers get the body.
+            return Archived(ref.file, ref.offset, ref.length, body_digest, stored=False)
+        metadata = {
+            "url_version": lease.version,
+            "status": res.status,
+            "elapsed_s": round(res.elapsed, 6),
+            "wire_bytes": res.wire_bytes,
+            "cut_reason": res.cut_reason,
+            "parse_error": result.error,
+            "links": [u.url for u in links],
+            "records": len(result.records),
+        }
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writing[body_digest] = done
+        try:
+            ptr = await self._exchange(store, lease, res, metadata)
+        finally:
+            del self._writing[body_digest]
+            done.set_result(None)
+        self._bodies.add(body_digest)
+        self._recent[body_digest] = (ptr.file, ptr.offset, ptr.length, lease.url)
+        if len(self._recent) > RECENT_BODIES:
+            self._recent.popitem(last=False)
+        return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
+
+    async def not_modified(self, lease: Lease, res: FetchResult) -> None:
+        """A 304 (R13) is archived as a revisit record without a body."""
+        store = self.store
+        if store is not None:
+            await self._revisit(store, lease, res, "server-not-modified", None, lease.url, None)
+
+    async def keep_file(self, body: bytes, suffix: str) -> str:
+        """A download kept under ``files/`` by content hash (on the store's thread)."""
+        return await self._store(partial(store_download, self._directory, body, suffix))
+
+    async def _revisit(
+        self,
+        store: WarcStore,
+        lease: Lease,
+        res: FetchResult,
+        profile: str,
+        refers_to: WarcPointer | None,
+        refers_to_uri: str | None,
+        digest: str | None,
+    ) -> WarcPointer:
+        return await self._store(
+            partial(
+                store.write_revisit,
+                url=lease.url,
+                fetched_at=self._clock.time() - res.elapsed,  # WARC-Date: request sent
+                request_headers=res.request_headers,
+                status=res.status,
+                reason=res.reason,
+                http_version=res.http_version,
+                response_headers=res.raw_headers,
+                profile=profile,
+                refers_to=refers_to,
+                refers_to_uri=refers_to_uri,
+                refers_to_date=None,
+                payload_digest=digest,
+                ip=res.ip,
+            )
+        )
+
+    async def _exchange(
+        self, store: WarcStore, lease: Lease, res: FetchResult, metadata: dict[str, Any]
+    ) -> WarcPointer:
+        return await self._store(
+            partial(
+                store.write_exchange,
+                url=lease.url,
+                fetched_at=self._clock.time() - res.elapsed,
+                request_headers=res.request_headers,
+                status=res.status,
+                reason=res.reason,
+                http_version=res.http_version,
+                response_headers=res.raw_headers,
+                body=res.body,
+                ip=res.ip,
+                metadata=metadata,
+                truncated=res.cut_reason,
+                # An encoding the fetcher could not decode is archived as received.
+                decoded=not any("not decoded" in n for n in res.notes),
+            )
+        )

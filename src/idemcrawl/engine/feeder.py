@@ -1,0 +1,284 @@
+"""The lease feeder: how many URLs to lease, when, and when the crawl is over.
+
+Two layers, so that the decisions can be driven without asyncio:
+
+* :class:`FeederCore` is synchronous. It holds every decision — how many leases idle workers and
+  in-flight work call for, the ``max_pages`` account, lease coalescing under load, starting recrawl
+  rounds once a second, and, when nothing is granted, whether the crawl is finished, whether a
+  dead local process's leases should be reclaimed, and when to look again. It calls the frontier
+  and reads the clock directly, so the virtual-clock simulator can run the very same policy with
+  any backend and a number for a clock: ``step(idle)`` is one whole decision.
+* :class:`Feeder` is the task the engine runs: a thin loop that performs what the core decided
+  (hands leases to workers, waits for a wake-up or a timeout) and runs the core's frontier half on
+  the frontier's thread.
+
+Why lease only for idle workers: a lease is then granted right before its request starts (a host's
+delay is measured between grants), and a kill strands at most the fetches really in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..frontier.base import Frontier, HostPolicy, Lease
+from .calls import Call
+from .clock import Clock, WallClock
+from .summary import CrawlSummary
+
+#: Under load, the feeder waits this long for more idle workers before a lease call, and the
+#: committer this long for more completions before a commit (when ``commit_seconds`` is 0): one
+#: transaction then serves several pages instead of one (docs/benchmarks.md, profile).
+COALESCE_SECONDS = 0.01
+#: A recrawl run starts the rounds that came due at most this often, this many at a time (R16).
+RESCHEDULE_EVERY = 1.0
+RESCHEDULE_LIMIT = 1000
+#: Someone else holds leases: look for dead local owners at most this often.
+RECLAIM_EVERY = 2.0
+#: Nothing granted: look again at the frontier's next interesting moment, within these bounds
+#: (the upper one also catches what no wake-up announces: another process's commits).
+IDLE_POLL_MIN = 0.005
+IDLE_POLL_MAX = 1.0
+
+
+class Action(enum.Enum):
+    """What the feeder does next."""
+
+    #: Ask the frontier for ``want`` leases (:meth:`FeederCore.lease`).
+    LEASE = "lease"
+    #: Leases were granted: hand them out, then decide again at once.
+    LEASED = "leased"
+    #: No idle worker wants a lease: wait for a wake-up (a worker going idle, a commit).
+    WAIT = "wait"
+    #: Busy: wait ``timeout`` (COALESCE_SECONDS) for more workers to go idle, then decide again.
+    LINGER = "linger"
+    #: Nothing could be granted: wait ``timeout`` seconds or for a wake-up.
+    IDLE = "idle"
+    #: Nothing queued or leased anywhere and nothing of ours in flight: the crawl is done.
+    FINISHED = "finished"
+    #: This run's ``max_pages`` leases are granted: stop.
+    MAX_PAGES = "max-pages"
+
+
+@dataclass(slots=True)
+class Step:
+    action: Action
+    #: LEASE: how many leases to ask for.
+    want: int = 0
+    #: LEASED: the grants, in the frontier's order.
+    leases: list[Lease] = field(default_factory=list)
+    #: LINGER, IDLE: seconds to wait at most.
+    timeout: float | None = None
+    #: Recrawl rounds started by this step, and dead owners' leases it returned.
+    revisits: int = 0
+    reclaimed: int = 0
+
+
+def idle_timeout(wake_at: float, now: float) -> float:
+    """How long to wait for ``wake_at``: never a busy loop, never blind for more than 1 s."""
+    return min(max(wake_at - now, IDLE_POLL_MIN), IDLE_POLL_MAX)
+
+
+class FeederCore:
+    """The feeder's decisions, synchronous (see the module docstring).
+
+    ``in_flight`` counts leases this process was granted and has not committed or dropped yet;
+    the owner of the leases reports those with :meth:`settled`. ``reclaim`` returns the leases of
+    dead processes of this machine (None: there are none to find, as in a simulation).
+
+    Threads: :meth:`lease` may run on the frontier's thread. It writes only the reschedule and
+    reclaim timers, which nothing else touches, and reads ``in_flight``, which meanwhile can only
+    fall (commits), so a stale value at worst postpones "finished" to the next wake-up. Everything
+    else runs on one thread (the event loop's).
+    """
+
+    def __init__(
+        self,
+        frontier: Frontier,
+        clock: WallClock,
+        *,
+        owner: str,
+        policy: HostPolicy,
+        lease_seconds: float,
+        concurrency: int,
+        max_pages: int | None = None,
+        recrawl: bool = False,
+        reclaim: Callable[[], int] | None = None,
+    ) -> None:
+        self.frontier = frontier
+        self.clock = clock
+        self.owner = owner
+        self.policy = policy
+        self.lease_seconds = lease_seconds
+        self.max_pages = max_pages
+        self.recrawl = recrawl
+        self._reclaim = reclaim
+        #: Idle workers worth one lease transaction without waiting (see COALESCE_SECONDS).
+        self.lease_chunk = max(2, concurrency // 8)
+        self.granted = 0
+        self.in_flight = 0
+        self._lingered = False
+        self._next_reschedule = 0.0
+        self._next_reclaim = 0.0
+
+    @property
+    def busy(self) -> bool:
+        """More in flight than one lease chunk: more completions are moments away (the
+        committer's reason to linger)."""
+        return self.in_flight > self.lease_chunk
+
+    def plan(self, idle: int) -> Step:
+        """The decision before any frontier call; ``idle`` = workers without a lease to start."""
+        want = idle
+        if self.max_pages is not None:
+            if self.granted >= self.max_pages:
+                return Step(Action.MAX_PAGES)
+            want = min(want, self.max_pages - self.granted)
+        if want <= 0:
+            return Step(Action.WAIT)
+        if want < self.lease_chunk and self.in_flight >= self.lease_chunk and not self._lingered:
+            # Busy: let a few more workers become idle so that one lease transaction serves
+            # them all (a lease per page made the lease path the top SQL cost).
+            self._lingered = True
+            return Step(Action.LINGER, timeout=COALESCE_SECONDS)
+        self._lingered = False
+        return Step(Action.LEASE, want=want)
+
+    def lease(self, want: int) -> Step:
+        """The frontier half: start due recrawl rounds, lease, or find out why nothing came."""
+        f = self.frontier
+        now = self.clock.time()
+        revisits = 0
+        if self.recrawl and now >= self._next_reschedule:
+            # R16: start a new round (version + 1) for URLs whose next_fetch_at came.
+            self._next_reschedule = now + RESCHEDULE_EVERY
+            revisits = f.reschedule_due(now, RESCHEDULE_LIMIT)
+        leases = f.lease(self.owner, want, now, self.lease_seconds, self.policy)
+        if leases:
+            return Step(Action.LEASED, leases=leases, revisits=revisits)
+        prog = f.progress(now)
+        if prog.finished and self.in_flight == 0 and not self.recrawl:
+            return Step(Action.FINISHED, revisits=revisits)
+        reclaimed = 0
+        if prog.leased > self.in_flight and now >= self._next_reclaim and self._reclaim:
+            # Someone else holds leases: if it was a process of this machine that died, return
+            # its work now instead of waiting for the leases to expire.
+            self._next_reclaim = now + RECLAIM_EVERY
+            reclaimed = self._reclaim()
+        candidates: Iterable[float | None] = (
+            prog.next_due_at,
+            prog.next_lease_expiry,
+            prog.next_host_ready_at,
+            prog.next_refetch_at if self.recrawl else None,
+        )
+        wake_at = min((t for t in candidates if t is not None), default=now + IDLE_POLL_MAX)
+        timeout = idle_timeout(wake_at, self.clock.time())
+        return Step(Action.IDLE, timeout=timeout, revisits=revisits, reclaimed=reclaimed)
+
+    def record(self, step: Step) -> None:
+        """Account for the leases a step granted (on the thread that runs :meth:`plan`)."""
+        n = len(step.leases)
+        self.granted += n
+        self.in_flight += n
+
+    def settled(self, n: int) -> None:
+        """``n`` leases were committed, or dropped (they expire or are reclaimed)."""
+        self.in_flight -= n
+
+    def step(self, idle: int) -> Step:
+        """One whole decision, inline: :meth:`plan`, then :meth:`lease` and :meth:`record`
+        when it calls for leases. What a caller without threads (the simulator) uses."""
+        step = self.plan(idle)
+        if step.action is Action.LEASE:
+            step = self.lease(step.want)
+            self.record(step)
+        return step
+
+
+class Feeder:
+    """The engine's lease task around a :class:`FeederCore`; workers take their leases here.
+
+    ``call`` runs the core's frontier half where the frontier's calls belong. ``stopped`` tells
+    the loop to end (a signal, an archive failure); ``stop`` is how it ends the crawl itself
+    (``max_pages``). On its way out it sends every worker the ``None`` that ends it.
+    """
+
+    def __init__(
+        self,
+        core: FeederCore,
+        call: Call,
+        clock: Clock,
+        *,
+        workers: int,
+        summary: CrawlSummary,
+        stopped: Callable[[], bool],
+        stop: Callable[[str], None],
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.core = core
+        self._call = call
+        self._clock = clock
+        self._workers = workers
+        self._summary = summary
+        self._stopped = stopped
+        self._stop = stop
+        self._progress = progress
+        self._work: asyncio.Queue[Lease | None] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        #: Workers waiting in :meth:`next_lease`.
+        self.idle = 0
+
+    def wake(self) -> None:
+        """Decide again now (a worker went idle, a commit freed hosts, the crawl must stop)."""
+        self._wake.set()
+
+    def settled(self, n: int) -> None:
+        """``n`` leases were committed: fewer in flight, and their hosts may be ready again."""
+        self.core.settled(n)
+        self._wake.set()
+
+    async def next_lease(self) -> Lease | None:
+        """A worker's next lease; None when the worker should end."""
+        self.idle += 1
+        self._wake.set()
+        lease = await self._work.get()
+        self.idle -= 1
+        return lease
+
+    async def run(self) -> None:
+        core = self.core
+        try:
+            while not self._stopped():
+                step = core.plan(self.idle - self._work.qsize())
+                if step.action is Action.LEASE:
+                    step = await self._call(core.lease, step.want)
+                    core.record(step)
+                    self._summary.revisits_started += step.revisits
+                    if step.reclaimed and self._progress:
+                        self._progress(f"returned {step.reclaimed} leases of a dead crawl process")
+                action = step.action
+                if action is Action.LEASED:
+                    for lease in step.leases:
+                        self._work.put_nowait(lease)
+                elif action is Action.WAIT:
+                    await self._wait(None)
+                elif action is Action.LINGER:
+                    await self._clock.sleep(step.timeout or 0.0)
+                elif action is Action.IDLE:
+                    await self._wait(step.timeout)
+                elif action is Action.MAX_PAGES:
+                    self._stop("max-pages")
+                    break
+                else:
+                    break  # FINISHED
+        finally:
+            for _ in range(self._workers):
+                self._work.put_nowait(None)
+
+    async def _wait(self, timeout: float | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self._clock.wait_for(self._wake.wait(), timeout)
+        self._wake.clear()

@@ -1,0 +1,72 @@
+"""The discovery gate as a crawl process keeps it: filter links, rebuild, save its counts.
+
+:class:`~idemcrawl.discovery.DiscoveryGate` is the policy (Bloom filter of known URLs in front of
+the template-growth limits, R10/R17). Here is its life in the engine: built at start-up from the
+frontier, rebuilt bigger when its Bloom filter saturates, and its template counts saved in the
+crawl's meta table every ten seconds and at the end, so that a restart resumes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..discovery import META_KEY, DiscoveryGate
+from ..frontier.base import Frontier, NewURL
+from ..traps import TrapLimits
+from .calls import Call
+from .clock import Clock
+
+#: Seconds between saves of the template counts (after a commit).
+SAVE_EVERY = 10.0
+
+
+@dataclass(slots=True)
+class Gated:
+    """A page's links after the gate: refused ones stay in ``links`` as ``rejected``."""
+
+    links: list[NewURL]
+    refused: dict[str, int]
+    #: Templates this page's links paused.
+    paused: int
+
+
+def load_gate(frontier: Frontier, limits: TrapLimits) -> DiscoveryGate:
+    """A gate knowing every URL of the frontier, with the counts the last run saved."""
+    gate = DiscoveryGate(limits)
+    gate.load(frontier.known_urls(), frontier.get_meta(META_KEY))
+    return gate
+
+
+class LinkGate:
+    def __init__(self, gate: DiscoveryGate, frontier: Frontier, call: Call, clock: Clock) -> None:
+        self.gate = gate
+        self._frontier = frontier
+        self._call = call
+        self._clock = clock
+        self._next_save = 0.0
+
+    async def filter(self, links: list[NewURL]) -> Gated:
+        gate = self.gate
+        pauses = gate.gate.pauses
+        out, refused = gate.filter(links)
+        paused = gate.gate.pauses - pauses
+        if gate.needs_rebuild:
+            await self._rebuild()
+        return Gated(out, refused, paused)
+
+    async def _rebuild(self) -> None:
+        """A bigger Bloom filter from the frontier's URLs; the template counts carry over."""
+        known = await self._call(lambda: list(self._frontier.known_urls()))
+        gate = DiscoveryGate(self.gate.limits)
+        gate.load(known, self.gate.snapshot())
+        self.gate = gate
+
+    async def save(self) -> None:
+        await self._call(self._frontier.set_meta, META_KEY, self.gate.snapshot())
+
+    async def save_now_and_then(self) -> None:
+        """Save at most every SAVE_EVERY seconds: a kill loses at most that much counting."""
+        now = self._clock.monotonic()
+        if now >= self._next_save:
+            self._next_save = now + SAVE_EVERY
+            await self.save()

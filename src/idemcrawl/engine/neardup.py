@@ -1,0 +1,40 @@
+"""Near-duplicate groups (R11): which earlier page a page's SimHash says it nearly repeats.
+
+Each group is named by its first page (the root), so a chain of pages that each differ a little
+from the previous still forms one group. The index is the permuted-table SimHash index
+(:class:`~idemcrawl.dedup.SimHashIndex`), rebuilt at start from the frontier, never a scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..dedup import SimHashIndex
+
+
+class NearDuplicates:
+    def __init__(self, distance: int) -> None:
+        self.distance = distance
+        self._index = SimHashIndex(3)
+        self._root: dict[int, int] = {}
+
+    def load(self, rows: Iterable[tuple[int, int, int | None]]) -> None:
+        """``(url_id, simhash, near_dup_of)`` rows as the frontier keeps them."""
+        for url_id, fp, near in rows:
+            self._index.add(fp, url_id)
+            self._root[url_id] = near if near is not None else url_id
+
+    def group(self, url_id: int, fp: int | None) -> int | None:
+        """The group root this page joins, or None; a page seen for the first time is added."""
+        if fp is None:
+            return None
+        # near() lists the nearest first; a recrawled page finds itself at distance 0.
+        match = next(
+            (doc for doc, dist in self._index.near(fp) if doc != url_id and dist <= self.distance),
+            None,
+        )
+        root = None if match is None else self._root.get(match, match)
+        if url_id not in self._root:
+            self._index.add(fp, url_id)
+            self._root[url_id] = root if root is not None else url_id
+        return root
