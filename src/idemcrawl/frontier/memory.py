@@ -27,8 +27,9 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
+from ..politeness import allowance
 from . import base, store
 from .base import DEFERRED, DISALLOWED, DONE, FAILED, LEASED, QUEUED, ROBOTS, STATES
 from .scheduler import Scheduler, host_ready
@@ -247,15 +248,20 @@ class MemoryStore:
             if not h.queued or h.paused:
                 h.wake = None  # a queued URL or a resume files it again
                 continue
+            configured = h.max_in_flight if h.max_in_flight is not None else max_in_flight
+            if h.in_flight >= allowance(configured, h.error_streak):
+                # Every slot taken: unfiled until one frees (``_set_state`` files the host
+                # again when a lease ends), so busy hosts cost nothing per lease call.
+                h.wake = None
+                continue
             at = max(h.next_allowed_at, h.backoff_until, self._min_due(h))
             if at > now:
                 h.wake = at
                 heapq.heappush(self.parked, (at, h.rseq, h.host_key))
                 continue
             keep.append(entry)
-            row = h.row()
-            if host_ready(row, now, max_in_flight):
-                out.append(row)
+            if host_ready(cast(HostRow, h), now, max_in_flight):
+                out.append(h.row())
         for entry in keep:
             heapq.heappush(self.ready, entry)
         return out

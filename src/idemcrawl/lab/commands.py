@@ -142,11 +142,12 @@ def run_own_parser(argv: Sequence[str]) -> int | None:
 
         return bench_crawl_main(argv[2:])
     if list(argv[:1]) == ["sim"]:
+        from idemcrawl.frontier import FrontierError
         from idemcrawl.lab.sim import main as sim_main
 
         try:
             return sim_main(argv[1:])
-        except ValueError as exc:
+        except (ValueError, FrontierError) as exc:
             print(f"idemcrawl sim: error: {exc}", file=sys.stderr)
             return 2
     return None

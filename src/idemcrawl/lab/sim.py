@@ -2,15 +2,18 @@
 
 Why a simulation: politeness and exactly-once bugs show up at scale (thousands of hosts, one
 host with a million URLs, faults at awkward moments) and after minutes of crawling, which no
-test against a real server can afford. Here the REAL frontier (``SQLiteFrontier`` on a temporary
-file) and the real politeness/robots code are driven by a simulated crawler whose clock is a
-number: a response "takes" 0.3 s by being scheduled 0.3 virtual seconds later, so a long crawl
-runs in seconds of wall time, with no sleeping and no sockets.
+test against a real server can afford. Here a REAL frontier backend (the in-memory one by
+default; ``--backend sqlite`` or a ``postgresql://`` URL for the others), driven only through the
+frontier contract, and the engine's REAL lease feeder (``engine.feeder.FeederCore``: how many to
+lease, when to linger, when nothing is ready and when to look again) are run by a simulated
+crawler whose clock is a number: a response "takes" 0.3 s by being scheduled 0.3 virtual seconds
+later, so a long crawl runs in seconds of wall time, with no sleeping and no sockets.
 
-The simulator plays the engine's part: it leases at most ``concurrency - outstanding`` URLs at a
-time, turns each lease into an outcome drawn from the host's model (latency, 429/503 answers,
-robots.txt answers), and delivers completions and failures in batches, injecting faults
-(crashed and lost completions, duplicate completions, a stalled parser queue). Every grant is
+The simulator plays the rest of the engine: the feeder asks for leases for the free workers
+(at most ``lease_batch`` per call), each lease becomes an outcome drawn from the host's model
+(latency, 429/503 answers, robots.txt answers), and completions and failures are delivered in
+batches, injecting faults (crashed and lost completions, duplicate completions, a stalled parser
+queue). Every grant is
 also written to a server-side request log, so politeness is judged twice: from the frontier's
 own lease log (``lease_audit``) and, independently, from what the "servers" saw
 (``politeness_check.check_log``).
@@ -33,7 +36,6 @@ import itertools
 import json
 import math
 import random
-import sqlite3
 import sys
 import tempfile
 import time
@@ -44,18 +46,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from idemcrawl.engine.feeder import Action, FeederCore
+from idemcrawl.frontier import MemoryFrontier, SQLiteFrontier
 from idemcrawl.frontier.base import (
+    DISALLOWED,
+    DONE,
     PAGE,
     ROBOTS,
     Completion,
     Failure,
+    Frontier,
     HostPolicy,
     Lease,
     NewURL,
     RecordWrite,
     RobotsFetch,
 )
-from idemcrawl.frontier.sqlite import SQLiteFrontier
 from idemcrawl.politeness import allowance
 from idemcrawl.robots import RobotsCache, RobotsSettings
 
@@ -168,7 +174,10 @@ class SimOptions:
     #: Hot host politeness (one request at a time, one per second, allow-all robots.txt).
     hot_delay: float = 1.0
     hot_latency: float = 0.1
-    #: Crawl database; None = a file in a temporary directory (removed afterwards).
+    #: The frontier backend: "memory" (default), "sqlite" (``db_path``, or a file in a
+    #: temporary directory removed afterwards) or a ``postgresql://`` URL (``?schema=NAME``; the
+    #: schema must be new).
+    backend: str = "memory"
     db_path: str | None = None
     #: Negative control: False gives the frontier no RobotsCache, so it crawls without
     #: robots.txt while the simulated sites have rules; the checks must then fail.
@@ -192,6 +201,12 @@ class SimOptions:
         lo, hi = self.latency_range
         if not 0 < lo <= hi:
             raise ValueError("latency_range must be 0 < low <= high")
+        if self.backend not in ("memory", "sqlite") and not self.backend.startswith(
+            ("postgresql://", "postgres://")
+        ):
+            raise ValueError(
+                f"backend must be memory, sqlite or a postgresql:// URL, got {self.backend!r}"
+            )
 
 
 # -- the simulated world -------------------------------------------------------------------------
@@ -395,7 +410,8 @@ class SimReport:
     def text(self) -> str:
         o = self.options
         lines = [
-            f"idemcrawl sim: seed {o['seed']}, virtual clock, real SQLiteFrontier, no sockets",
+            f"idemcrawl sim: seed {o['seed']}, virtual clock, the engine's feeder, "
+            f"real {o['backend'].split('://')[0]} frontier, no sockets",
             "",
         ]
 
@@ -490,13 +506,42 @@ def _fmt(x: float | None) -> str:
 # -- the simulation -----------------------------------------------------------------------------
 
 
+def open_backend(opts: SimOptions, db_path: str | None) -> Frontier:
+    """A fresh frontier of the chosen backend; its generator (back-off jitter, lease tokens) is
+    seeded, so the run is reproducible."""
+    rng = random.Random(f"{opts.seed}:frontier")
+    if opts.backend == "memory":
+        return MemoryFrontier(rng=rng)
+    if opts.backend == "sqlite":
+        assert db_path is not None
+        return SQLiteFrontier(db_path, rng=rng)
+    from idemcrawl.frontier import split_schema
+    from idemcrawl.frontier.postgres import PostgresFrontier
+
+    dsn, schema = split_schema(opts.backend)
+    f = PostgresFrontier(dsn, schema=schema, rng=rng)
+    if f.progress(opts.start_time).queued or f.stats().hosts:
+        f.close()
+        raise ValueError(f"{opts.backend!r} holds a crawl; the simulation needs a fresh schema")
+    return f
+
+
+class _VirtualClock:
+    """The feeder's clock: the simulation's virtual now."""
+
+    def __init__(self, sim: _Sim) -> None:
+        self._sim = sim
+
+    def time(self) -> float:
+        return self._sim.now
+
+
 class _Sim:
     """One run. Kept as an object so that the event loop reads as a sequence of small steps."""
 
-    def __init__(self, opts: SimOptions, log: Callable[[str], None], db_path: str) -> None:
+    def __init__(self, opts: SimOptions, log: Callable[[str], None], frontier: Frontier) -> None:
         self.o = opts
         self.log = log
-        self.db_path = db_path
         self.t0 = opts.start_time
         self.hosts = _build_hosts(opts)
         self.hot = _hot_host(opts) if opts.hot_host_urls else None
@@ -516,24 +561,35 @@ class _Sim:
             else None,
             robots_max_attempts=opts.robots_max_attempts,
         )
-        # The frontier's generator draws back-off jitter and lease tokens; seeded, so the run
-        # is reproducible.
-        self.frontier = SQLiteFrontier(db_path, rng=random.Random(f"{opts.seed}:frontier"))
-        self.ro = sqlite3.connect(
-            Path(db_path).resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None
+        self.frontier = frontier
+        self.now = self.t0
+        # The engine's own lease feeder, on the virtual clock: it decides how many URLs to ask
+        # for, when to linger for more idle workers and when to look again (nothing granted).
+        self.feeder = FeederCore(
+            frontier,
+            _VirtualClock(self),
+            owner=_OWNER,
+            policy=self.policy,
+            lease_seconds=opts.lease_seconds,
+            concurrency=opts.concurrency,
         )
+        #: When the feeder asked to decide again (LINGER or IDLE), None when it waits for a
+        #: worker or a commit; and whether it found the crawl finished.
+        self.feeder_wake: float | None = self.t0
+        self.feeder_finished = False
+        #: A worker went idle or a commit landed since the feeder last decided (the engine's
+        #: wake-up), and whether the feeder is lingering (a sleep no wake-up cuts short).
+        self.woken = False
+        self.lingering = False
         self.seq = itertools.count()
         self.heap: list[tuple[float, int, str, _Pending]] = []
         self.expiries: list[tuple[float, int, _Pending]] = []
-        self.gates: list[tuple[float, int, str]] = []
-        self.retries: list[float] = []
         self.held: list[_Pending] = []
         self.active: dict[str, _Pending] = {}
         self.grant_no: Counter[str] = Counter()
         self.outstanding = 0
         self.pending_other = 0  # outstanding work on hosts other than the hot one
         self.step_i = 0
-        self.now = self.t0
         self.request_log: list[dict[str, Any]] = []
         self.retry_after_marks: list[tuple[str, float, float]] = []
         self.lags: dict[str, list[float]] = {c: [] for c in (*HOST_CLASSES, HOT)}
@@ -589,25 +645,19 @@ class _Sim:
     # -- the frontier's view of hosts ---------------------------------------------------------
 
     def refresh(self, keys: Iterable[str]) -> None:
-        """Re-read token state of ``keys`` from the frontier (after it changed them)."""
-        keys = list(dict.fromkeys(keys))
-        for lo in range(0, len(keys), 500):
-            chunk = keys[lo : lo + 500]
-            rows = self.ro.execute(
-                "SELECT host_key, next_allowed_at, backoff_until, error_streak, queued, "
-                f"in_flight FROM hosts WHERE host_key IN ({','.join('?' * len(chunk))})",
-                chunk,
-            ).fetchall()
-            for key, nat, bu, streak, queued, in_flight in rows:
-                h = self.by_key[key]
-                h.gate = max(nat, bu)
-                h.streak = streak
-                h.queued = queued
-                if in_flight != h.in_flight:
-                    self.c["in_flight_mismatches"] += 1
-                self._slot_event(h, self.now)
-                if queued and h.gate > self.now:
-                    heapq.heappush(self.gates, (h.gate, next(self.seq), key))
+        """Re-read token state of ``keys`` from the frontier (after it changed them), through
+        the contract's inspection API, as any backend offers it."""
+        for key in dict.fromkeys(keys):
+            row = self.frontier.host_row(key)
+            if row is None:
+                continue
+            h = self.by_key[key]
+            h.gate = max(row["next_allowed_at"], row["backoff_until"])
+            h.streak = row["error_streak"]
+            h.queued = row["queued"]
+            if row["in_flight"] != h.in_flight:
+                self.c["in_flight_mismatches"] += 1
+            self._slot_event(h, self.now)
 
     def _slot_event(self, h: _Host, at: float) -> None:
         free = h.in_flight < h.allowance()
@@ -618,8 +668,42 @@ class _Sim:
     # -- granting -----------------------------------------------------------------------------
 
     def lease_phase(self) -> None:
+        """The engine's feeder deciding, as it would at this moment (``FeederCore``)."""
         now = self.now
-        # The frontier reclaims expired leases inside lease(); mirror that first.
+        waiting = self.feeder_wake is not None and now < self.feeder_wake
+        if waiting and (self.lingering or not self.woken):
+            return  # lingering, or idle with nothing that would wake the feeder early
+        self.woken = self.lingering = False
+        self.feeder_wake = None
+        feeder = self.feeder
+        while True:
+            # Idle workers arrive in batches of at most lease_batch (the engine's workers go
+            # idle one by one; the feeder coalesces them).
+            idle = min(self.o.concurrency - self.outstanding, self.o.lease_batch)
+            step = feeder.plan(idle)
+            if step.action is Action.LEASE:
+                # The frontier returns expired leases inside lease(): mirror that first.
+                self._expire_mirror(now)
+                step = feeder.lease(step.want)
+                feeder.record(step)
+            self.c["feeder_steps"] += 1
+            if step.action is Action.LEASED:
+                if len(step.leases) > idle:
+                    self.c["over_limit"] += 1
+                for ls in step.leases:
+                    self.grant(ls)
+                self.refresh(ls.host_key for ls in step.leases)
+                continue  # like the engine: decide again at once while leases come back
+            if step.action in (Action.LINGER, Action.IDLE):
+                assert step.timeout is not None
+                self.feeder_wake = now + step.timeout
+                self.lingering = step.action is Action.LINGER
+                self.c["feeder_linger" if self.lingering else "feeder_idle"] += 1
+            elif step.action is Action.FINISHED:
+                self.feeder_finished = True
+            return  # WAIT: every worker is busy; a delivery wakes the feeder
+
+    def _expire_mirror(self, now: float) -> None:
         while self.expiries and self.expiries[0][0] <= now:
             exp, _, p = heapq.heappop(self.expiries)
             if not p.resolved:
@@ -634,20 +718,6 @@ class _Sim:
                     h.work_since = exp
                 h.queued += 1
                 self.c["lease_expiries"] += 1
-        want = self.o.concurrency - self.outstanding
-        while want > 0:
-            n = min(want, self.o.lease_batch)
-            leases = self.frontier.lease(_OWNER, n, now, self.o.lease_seconds, self.policy)
-            if len(leases) > n:
-                self.c["over_limit"] += 1
-            for ls in leases:
-                self.grant(ls)
-            self.refresh(ls.host_key for ls in leases)
-            want -= len(leases)
-            # Like the engine's feeder: ask again while leases come back. A short answer does
-            # not mean nothing else is ready (hosts that yield nothing use up the window).
-            if not leases:
-                break
 
     def grant(self, ls: Lease) -> None:
         now, o = self.now, self.o
@@ -822,7 +892,6 @@ class _Sim:
                     if f.retry_at is None:
                         self.c["final_failures"] += 1
                     else:
-                        heapq.heappush(self.retries, f.retry_at)
                         if p.host.queued == 0:
                             p.host.work_since = now
                         p.host.queued += 1
@@ -830,7 +899,11 @@ class _Sim:
             self.refresh(touched)
 
     def _free_worker(self, p: _Pending) -> None:
+        """The worker is done with ``p`` (its outcome is about to commit, or was lost): the
+        feeder counts one lease fewer in flight and, like the engine's, wakes up."""
         self.outstanding -= 1
+        self.feeder.settled(1)
+        self.woken = True
         if p.host is not self.hot:
             self.pending_other -= 1
 
@@ -880,10 +953,10 @@ class _Sim:
             h.robots_expires = now + s.error_ttl
             if h.robots_mode == "disallow_all" and h.robots_failures >= self.o.robots_max_attempts:
                 h.deferred = True
+        # When the copy expires the frontier leases robots.txt again (if the host still has
+        # queued URLs). Progress does not announce that moment: the feeder finds it within its
+        # idle poll (<= 1 s), as in the engine.
         h.robots_needed_since = h.robots_expires
-        # When the copy expires the frontier will lease robots.txt again (if the host still has
-        # queued URLs); Progress says nothing about it, so remember to look then.
-        heapq.heappush(self.gates, (h.robots_expires, next(self.seq), h.key))
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -894,44 +967,25 @@ class _Sim:
             cands.append(self.heap[0][0])
         if self.held:
             cands.append(self.stall_end)
-        now = self.now
-        if self.outstanding < self.o.concurrency:
-            while self.expiries and self.expiries[0][2].resolved:
-                heapq.heappop(self.expiries)
-            if self.expiries:
-                cands.append(self.expiries[0][0])
-            while self.gates and self.gates[0][0] <= now:
-                heapq.heappop(self.gates)
-            if self.gates:
-                cands.append(self.gates[0][0])
-            while self.retries and self.retries[0] <= now:
-                heapq.heappop(self.retries)
-            if self.retries:
-                cands.append(self.retries[0])
+        if self.feeder_wake is not None:
+            cands.append(self.feeder_wake)
         if not cands:
-            prog = self.frontier.progress(now)
-            self.c["progress_calls"] += 1
-            cands = [
-                t
-                for t in (prog.next_due_at, prog.next_lease_expiry, prog.next_host_ready_at)
-                if t is not None and t > now
-            ]
-            if not cands:
-                if prog.finished:
-                    return None
-                # Something looks ready but was not granted: poll like the engine (<= 1 s).
-                self.c["idle_polls"] += 1
-                cands = [now + 1.0]
+            if self.feeder_finished:
+                return None
+            # The feeder waits for a worker, yet none is busy: cannot happen; look in 1 s.
+            self.c["idle_polls"] += 1
+            cands = [self.now + 1.0]
         target = min(cands)
         k = math.ceil((target - self.t0) / self.o.tick - 1e-9)
         return max(self.step_i + 1, k)
 
     def others_remaining(self) -> int:
-        hot = self.hot.key if self.hot is not None else ""
-        (n,) = self.ro.execute(
-            "SELECT COALESCE(SUM(queued + in_flight), 0) FROM hosts WHERE host_key <> ?", (hot,)
-        ).fetchone()
-        return int(n)
+        """Queued and leased URLs of every host but the hot one (contract: progress)."""
+        prog = self.frontier.progress(self.now)
+        n = prog.queued + prog.leased
+        if self.hot is not None and (row := self.frontier.host_row(self.hot.key)) is not None:
+            n -= row["queued"] + row["in_flight"]
+        return n
 
     def run(self) -> str:
         o = self.o
@@ -1009,18 +1063,14 @@ class _Sim:
         }
 
     def events_check(self) -> dict[str, Any]:
-        db = self.ro
-        dups = db.execute(
-            "SELECT url_id, url_version, count(*) FROM events GROUP BY url_id, url_version "
-            "HAVING count(*) > 1"
-        ).fetchall()
-        (events,) = db.execute("SELECT count(*) FROM events").fetchone()
-        (done,) = db.execute(
-            "SELECT count(*) FROM urls WHERE state = 'done' AND kind = 'page'"
-        ).fetchone()
+        """Events read back through the contract's streams, one per (URL, version)."""
+        per_version = Counter((e["url_id"], e["url_version"]) for e in self.frontier.iter_events())
+        done = sum(
+            1 for u in self.frontier.iter_urls() if u["state"] == DONE and u["kind"] == PAGE
+        )
         return {
-            "events": events,
-            "duplicate_events": len(dups),
+            "events": sum(per_version.values()),
+            "duplicate_events": sum(1 for n in per_version.values() if n > 1),
             "accepted_page_completions": self.c["pages_done"],
             "done_page_versions": done,
             "duplicates_sent": self.c["duplicate"],
@@ -1030,17 +1080,14 @@ class _Sim:
 
     def private_check(self) -> int:
         """Every /private URL of a disallow host must end ``disallowed`` (never fetched)."""
-        keys = [h.key for h in self.hosts if h.disallow and not h.deferred]
-        bad = 0
-        for lo in range(0, len(keys), 500):
-            chunk = keys[lo : lo + 500]
-            (n,) = self.ro.execute(
-                "SELECT count(*) FROM urls WHERE url LIKE '%/private/%' AND state <> 'disallowed' "
-                f"AND host_key IN ({','.join('?' * len(chunk))})",
-                chunk,
-            ).fetchone()
-            bad += n
-        return bad
+        keys = {h.key for h in self.hosts if h.disallow and not h.deferred}
+        return sum(
+            1
+            for u in self.frontier.iter_urls()
+            if "/private/" in u["url"]
+            and u["state"] != DISALLOWED
+            and u["url"].split("/private/", 1)[0] in keys
+        )
 
     def report(self, stop: str, wall: dict[str, float]) -> SimReport:
         t = time.perf_counter()
@@ -1051,10 +1098,7 @@ class _Sim:
         rl = self.request_log_check()
         ev = self.events_check()
         private_bad = self.private_check() if o.frontier_robots else -1
-        hot = self.hot.key if self.hot is not None else ""
-        (unfinished,) = self.ro.execute(
-            "SELECT COALESCE(SUM(queued + in_flight), 0) FROM hosts WHERE host_key <> ?", (hot,)
-        ).fetchone()
+        unfinished = self.others_remaining()
         stats = self.frontier.stats()
         eligibility: dict[str, dict[str, Any]] = {}
         others: list[float] = []
@@ -1091,7 +1135,9 @@ class _Sim:
             "in_flight_mismatches": c["in_flight_mismatches"],
             "early_grants": c["early_grants"],
             "lease_expiries": c["lease_expiries"],
-            "progress_calls": c["progress_calls"],
+            "feeder_steps": c["feeder_steps"],
+            "feeder_idle": c["feeder_idle"],
+            "feeder_linger": c["feeder_linger"],
             "idle_polls": c["idle_polls"],
             "steps": self.step_i,
             "unfinished_urls": int(unfinished),
@@ -1164,7 +1210,6 @@ class _Sim:
         )
 
     def close(self) -> None:
-        self.ro.close()
         self.frontier.close()
 
 
@@ -1179,16 +1224,17 @@ def _lag_stats(lags: list[float]) -> dict[str, Any]:
 
 
 def run_sim(opts: SimOptions, log: Callable[[str], None] = _quiet) -> SimReport:
-    """Run one simulated crawl against a fresh SQLite frontier and check it."""
+    """Run one simulated crawl against a fresh frontier of ``opts.backend`` and check it."""
     with ExitStack() as stack:
         path = opts.db_path
-        if path is None:
+        if opts.backend == "sqlite" and path is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="idemcrawl-sim-"))
             path = str(Path(tmp) / "sim.db")
-        elif Path(path).exists():
+        elif path is not None and Path(path).exists():
             raise ValueError(f"{path!r} exists; the simulation needs a fresh database")
         t = time.perf_counter()
-        sim = _Sim(opts, log, path)
+        frontier = open_backend(opts, path)
+        sim = _Sim(opts, log, frontier)
         stack.callback(sim.close)
         sim.setup()
         setup = time.perf_counter() - t
@@ -1264,14 +1310,20 @@ def _parser() -> argparse.ArgumentParser:
     d = SimOptions()
     p = argparse.ArgumentParser(
         prog="idemcrawl sim",
-        description="Deterministic virtual-clock simulation of the scheduler against the real "
-        "frontier; checks politeness, robots.txt, exactly-once events and back-pressure.",
+        description="Deterministic virtual-clock simulation of the engine's lease feeder and a "
+        "real frontier backend; checks politeness, robots.txt, exactly-once events and "
+        "back-pressure.",
     )
     p.add_argument("--hosts", type=int, default=d.hosts)
     p.add_argument("--urls-per-host", type=int, default=d.urls_per_host)
     p.add_argument("--hot-host-urls", type=int, default=d.hot_host_urls)
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--backend",
+        default=d.backend,
+        help="frontier backend: memory, sqlite, or postgresql://…?schema=NEW (default %(default)s)",
+    )
     p.add_argument("--max-virtual-seconds", type=float, default=d.max_virtual_seconds)
     p.add_argument("--tick", type=float, default=d.tick)
     p.add_argument("--no-faults", action="store_true", help="no crashes, losses, duplicates")
@@ -1294,6 +1346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hot_host_urls=ns.hot_host_urls,
         concurrency=ns.concurrency,
         seed=ns.seed,
+        backend=ns.backend,
         max_virtual_seconds=ns.max_virtual_seconds,
         tick=ns.tick,
     )
