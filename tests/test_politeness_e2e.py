@@ -62,7 +62,8 @@ def test_three_processes_with_kills_never_break_any_host_allowance(tmp_path: Pat
         procs[:2] = [_crawl(site.seed_urls, db, cfg) for _ in range(2)]
         for p in procs:
             _, err = p.communicate(timeout=90)
-            assert p.returncode == 0, err
+            # 3: the run ended with work left, d's pages deferred (robots.txt unreachable).
+            assert p.returncode == 3, err
         log = site.request_log()
         disallowed = site.disallowed_prefixes()
         robots_only = site.robots_only_hosts()

@@ -24,6 +24,7 @@ from .preflight import refused_seeds
 from .status import status_dict, status_lines
 from .url import InvalidURL
 from .version import __version__
+from .waiting import work_left_lines
 from .warc import WarcError
 
 
@@ -73,6 +74,8 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--allow-private", "append", "permit connections to this private/loopback address or "
      "network", {"metavar": "ADDR_OR_CIDR"}),
     ("--max-pages", count, "stop after leasing this many pages in this run"),
+    ("--horizon", seconds, "without --recrawl, stop with exit status 3 once nothing left can "
+     "start within this many seconds (default {horizon}; 0 = wait however long)"),
     ("--parse-workers", count,
      "parser processes (default {parse_workers}; 0 = in-process)"),
     ("--commit-batch", count,
@@ -289,17 +292,18 @@ def cmd_crawl(a: argparse.Namespace) -> int:
             cfg, progress=display.message, snapshot=display.update, handle_signals=True
         )
     if a.json:
-        print(json.dumps(summary.__dict__, sort_keys=True))
+        print(json.dumps({**summary.__dict__, "complete": summary.complete}, sort_keys=True))
     elif not a.quiet:
         print(
             f"{summary.stopped_by}: fetched {summary.fetched}, committed {summary.committed}, "
             f"records written {summary.records}, failed {summary.failed} in "
             f"{summary.seconds:.1f} s"
         )
+        for line in work_left_lines(summary):
+            print(line)
     if summary.fatal:
         print(f"idemcrawl crawl: error: {summary.fatal}; rerun to resume", file=sys.stderr)
-        return 1
-    return 0
+    return summary.exit_status()
 
 
 def cmd_control(a: argparse.Namespace) -> int:

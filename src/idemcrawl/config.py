@@ -47,6 +47,10 @@ class CrawlConfig:
     allow_private: tuple[IPNetwork, ...] = ()
     #: Stop leasing after this many fetches in this run (None: crawl to the end).
     max_pages: int | None = None
+    #: Without --recrawl, stop (exit status 3, work left, named per host) once nothing is in
+    #: flight and nothing left can start within this many seconds: a host resting an hour after
+    #: its robots.txt failed should not keep a finite crawl waiting. 0 waits however long.
+    horizon: float = 60.0
     #: Adaptive politeness: at least this multiple of a host's recent response time between
     #: request starts (Mercator/Heritrix); 0 turns it off.
     latency_factor: float = 2.0
@@ -140,6 +144,8 @@ class CrawlConfig:
             problems.append("--scope must be host, domain or any")
         if self.max_pages is not None and self.max_pages < 1:
             problems.append("--max-pages must be >= 1")
+        if not self.horizon >= 0:
+            problems.append("--horizon must be >= 0")
         if self.parse_workers < 0:
             problems.append("--parse-workers must be >= 0")
         if not 1 <= self.commit_batch <= 10_000:
@@ -266,6 +272,7 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "scope": (str,),
     "allow_private": (list,),
     "max_pages": (int,),
+    "horizon": (int, float),
     "parse_workers": (int,),
     "commit_batch": (int,),
     "commit_seconds": (int, float),

@@ -65,6 +65,7 @@ class Snapshot(TypedDict, total=False):
     records: int
     requests_per_record: float | None
     errors: dict[str, int]  # errors by class, e.g. {"http_500": 3, "timeout": 1}
+    waiting: list[str]  # hosts the crawl waits for, why and until when (when nothing runs)
 
 
 def _resolve_mode(mode: str, stream: TextIO) -> str:
@@ -125,6 +126,7 @@ _LABELS: dict[str, str] = {
     "records": "records stored",
     "requests_per_record": "requests/record",
     "errors": "errors",
+    "waiting": "waiting for",
 }
 
 
@@ -143,6 +145,8 @@ def render_table(snapshot: Mapping[str, Any]) -> Table:
             text = human_bytes(v) + "/s"
         elif key in ("urls", "errors"):
             text = _pairs(v)
+        elif key == "waiting":
+            text = "\n".join(v)
         else:
             text = _number(v)
         table.add_row(label, text)

@@ -303,3 +303,75 @@ def test_feeder_stops_at_max_pages(frontier: SQLiteFrontier, clock: FakeClock) -
     assert len(asyncio.run(main())) == 2
     assert stops == ["max-pages"]
     assert frontier.progress(clock.now).leased == 2
+
+
+# -- waiting is free, and a finite crawl ends (#18) ----------------------------------------------
+
+POLITE = HostPolicy(max_in_flight=1, delay=1.0)
+
+
+def test_idle_wakes_when_the_host_timer_opens_not_at_once(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """URLs due long ago on a host whose timer runs on: the feeder sleeps until the timer,
+    instead of polling every few milliseconds (which cost a delay-1 crawl 5x the CPU)."""
+    add_pages(frontier, clock, 3)
+    core = core_for(frontier, clock, policy=POLITE)
+    (ls,) = core.step(idle=4).leases
+    clock.now += 0.2
+    done(frontier, [ls], clock, POLITE)
+    core.settled(1)
+    step = core.step(idle=4)
+    assert step.action is Action.IDLE
+    assert step.timeout == pytest.approx(1.0)  # the next start: 1 s after the response ended
+
+
+def test_horizon_stops_a_crawl_that_only_waits(frontier: SQLiteFrontier, clock: FakeClock) -> None:
+    add_pages(frontier, clock, 1)
+    core = core_for(frontier, clock, policy=POLITE, horizon=60.0)
+    (ls,) = core.step(idle=2).leases
+    failure = Failure(ls, "HTTP 503", retry_at=clock.now + 3600, status=503, host_error=True)
+    assert frontier.fail([failure], clock.now, POLITE) == [True]
+    core.settled(1)
+    step = core.step(idle=2)
+    assert step.action is Action.HORIZON
+    assert step.until is not None and step.until >= clock.now + 3600
+    # Within the horizon it waits instead; and without one it waits however long.
+    near = core_for(frontier, clock, policy=POLITE, horizon=7200.0).step(idle=2)
+    assert near.action is Action.IDLE and near.timeout == 1.0
+    assert core_for(frontier, clock, policy=POLITE).step(idle=2).action is Action.IDLE
+
+
+def test_horizon_waits_for_leases_held_elsewhere_and_for_the_operator(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    add_pages(frontier, clock, 2)
+    other = frontier.lease("other/1", 1, clock.now, 600.0, POLITE)
+    assert len(other) == 1
+    core = core_for(frontier, clock, policy=POLITE, horizon=1.0)
+    # Another process is fetching: its answer may queue more work; never stop under it.
+    assert core.step(idle=2).action is Action.IDLE
+    frontier.release_owner("other/1")
+    frontier.control("pause")
+    # Paused by the operator: no time to wait for, the crawl waits to be resumed.
+    assert core.step(idle=2).action is Action.IDLE
+    frontier.control("resume")
+    clock.now += 1.0  # the host's delay after the other process's grant
+    assert core.step(idle=2).action is Action.LEASED
+
+
+def test_feeder_task_stops_at_the_horizon(frontier: SQLiteFrontier, clock: FakeClock) -> None:
+    add_pages(frontier, clock, 1)
+    (ls,) = frontier.lease("x/0", 1, clock.now, 60.0, POLITE)
+    assert frontier.fail([Failure(ls, "HTTP 503", clock.now + 900, 503)], clock.now, POLITE)
+    feeder, stops = feeder_for(core_for(frontier, clock, policy=POLITE, horizon=60.0), clock)
+
+    async def main() -> None:
+        task = asyncio.create_task(feeder.run())
+        worker = asyncio.create_task(feeder.next_lease())
+        await clock.advance(0)
+        await asyncio.wait_for(task, 1)  # no wait at all: nothing can start for 15 min
+        assert await asyncio.wait_for(worker, 1) is None  # and the worker is told to end
+
+    asyncio.run(main())
+    assert stops == ["horizon"]

@@ -15,6 +15,7 @@ from .. import owner as owners
 from ..config import CrawlConfig
 from ..fetch import Fetcher, FetchSettings
 from ..frontier import Frontier, open_frontier
+from ..waiting import work_left
 from ..warc import WarcStore
 from .archiver import Archiver
 from .calls import Call, inline, on_thread
@@ -194,6 +195,7 @@ class Engine:
             lease_seconds=cfg.lease_seconds,
             concurrency=cfg.concurrency,
             max_pages=cfg.max_pages,
+            horizon=cfg.horizon or None,
             recrawl=cfg.recrawl,
             reclaim=partial(reclaim_dead_owners, frontier, cfg.db, owner),
         )
@@ -259,6 +261,10 @@ class Engine:
         await gate.save()
         summary.stopped_by = self._stop_reason or "finished"
         summary.finished = not self._stop_reason
+        if not cfg.recrawl and summary.fatal is None:
+            left = await call(work_left, frontier, clock.time())
+            summary.left = {"queued": left.queued, "leased": left.leased, "deferred": left.deferred}
+            summary.waiting = [w.as_dict() for w in left.waiting]
 
     async def _run_tasks(
         self, feeder: Feeder, pipeline: Pipeline, committer: Committer, reporter: Reporter | None

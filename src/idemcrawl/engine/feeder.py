@@ -61,6 +61,9 @@ class Action(enum.Enum):
     FINISHED = "finished"
     #: This run's ``max_pages`` leases are granted: stop.
     MAX_PAGES = "max-pages"
+    #: Nothing is in flight anywhere and all that is left waits past the horizon (a host
+    #: resting an hour after its robots.txt failed, a retry due tomorrow): stop, work left.
+    HORIZON = "horizon"
 
 
 @dataclass(slots=True)
@@ -72,6 +75,8 @@ class Step:
     leases: list[Lease] = field(default_factory=list)
     #: LINGER, IDLE: seconds to wait at most.
     timeout: float | None = None
+    #: HORIZON: the earliest moment anything left could be granted.
+    until: float | None = None
     #: Recrawl rounds started by this step, and dead owners' leases it returned.
     revisits: int = 0
     reclaimed: int = 0
@@ -107,6 +112,7 @@ class FeederCore:
         max_pages: int | None = None,
         recrawl: bool = False,
         reclaim: Callable[[], int] | None = None,
+        horizon: float | None = None,
     ) -> None:
         self.frontier = frontier
         self.clock = clock
@@ -116,6 +122,9 @@ class FeederCore:
         self.max_pages = max_pages
         self.recrawl = recrawl
         self._reclaim = reclaim
+        #: Stop (work left) when nothing can start sooner than this many seconds from now and
+        #: nothing is in flight anywhere; None waits as long as it takes. Never with recrawl.
+        self.horizon = horizon
         #: Idle workers worth one lease transaction without waiting (see COALESCE_SECONDS).
         self.lease_chunk = max(2, concurrency // 8)
         self.granted = 0
@@ -159,7 +168,7 @@ class FeederCore:
         leases = f.lease(self.owner, want, now, self.lease_seconds, self.policy)
         if leases:
             return Step(Action.LEASED, leases=leases, revisits=revisits)
-        prog = f.progress(now)
+        prog = f.progress(now, self.policy.max_in_flight)
         if prog.finished and self.in_flight == 0 and not self.recrawl:
             return Step(Action.FINISHED, revisits=revisits)
         reclaimed = 0
@@ -168,13 +177,25 @@ class FeederCore:
             # its work now instead of waiting for the leases to expire.
             self._next_reclaim = now + RECLAIM_EVERY
             reclaimed = self._reclaim()
+        # When something could be granted: a host's timer, back-off and first due URL together
+        # (not the earliest due URL of a host whose timer still runs: waiting for that is a
+        # busy loop), a lease that expires, a recrawl round. Our own leases wake us on commit.
         candidates: Iterable[float | None] = (
-            prog.next_due_at,
+            prog.next_ready_at,
             prog.next_lease_expiry,
-            prog.next_host_ready_at,
             prog.next_refetch_at if self.recrawl else None,
         )
-        wake_at = min((t for t in candidates if t is not None), default=now + IDLE_POLL_MAX)
+        soonest = min((t for t in candidates if t is not None), default=None)
+        if (
+            self.horizon is not None
+            and not self.recrawl
+            and self.in_flight == 0
+            and prog.leased == 0
+            and soonest is not None  # None: paused hosts or crawl; wait for the operator
+            and soonest - now > self.horizon
+        ):
+            return Step(Action.HORIZON, until=soonest, revisits=revisits, reclaimed=reclaimed)
+        wake_at = now + IDLE_POLL_MAX if soonest is None else soonest
         timeout = idle_timeout(wake_at, self.clock.time())
         return Step(Action.IDLE, timeout=timeout, revisits=revisits, reclaimed=reclaimed)
 
@@ -271,6 +292,9 @@ class Feeder:
                     await self._wait(step.timeout)
                 elif action is Action.MAX_PAGES:
                     self._stop("max-pages")
+                    break
+                elif action is Action.HORIZON:
+                    self._stop("horizon")
                     break
                 else:
                     break  # FINISHED

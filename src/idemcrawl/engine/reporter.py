@@ -2,8 +2,11 @@
 
 The snapshot feeds the live display (``snapshot``) or a status line (``progress``), and the live
 Prometheus gauges only this process knows (in flight, parser backlog, rates). The crawl-wide part
-(URLs by state, ready hosts, requests per record: every process of the crawl) is read from the
-frontier only every 10 s: those counts cost O(URLs).
+(URLs by state, ready hosts, requests per record: every process of the crawl) is read in full from
+the frontier only every 10 s, since those counts cost O(URLs); in between, queued and leased come
+from the frontier's cheap progress read and done/records move with this process's own commits,
+so the numbers follow the crawl as pages commit. While this process has nothing in flight and
+URLs are queued, the snapshot names the hosts the crawl waits for, why and until when.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..frontier.base import Frontier
+from ..waiting import waiting_hosts
 from .calls import Call
 from .clock import Clock
 from .summary import CrawlSummary
 
-#: Seconds between snapshots, and between reads of the crawl-wide counts.
+#: Seconds between snapshots, and between full reads of the crawl-wide counts.
 TICK = 2.0
 FRONTIER_EVERY = 10.0
+#: Waiting hosts named in a snapshot.
+WAITING_SHOWN = 3
 
 
 class Reporter:
@@ -56,6 +62,8 @@ class Reporter:
         self._hosts: dict[str, int] = {}
         self._requests = self._records = 0
         self._next_frontier_read = 0.0
+        #: This process's commits and records at the last full read (what moved since).
+        self._base_committed = self._base_records = 0
 
     async def run(self) -> None:
         while True:
@@ -68,19 +76,30 @@ class Reporter:
 
         s, clock = self._summary, self._clock
         now = clock.monotonic()
+        report = None
         if now >= self._next_frontier_read:
             self._next_frontier_read = now + FRONTIER_EVERY  # O(URLs) counts: not every tick
             stats = await self._call(self._frontier.stats)
             self._urls = {k: v for k, v in stats.urls_by_state.items() if v}
             self._requests, self._records = stats.counters.get("fetches", 0), stats.records
+            self._base_committed, self._base_records = s.committed, s.records
             report = await self._call(self._frontier.hosts_report, clock.time())
             self._hosts = host_summary(report)
-        requests, records, in_flight = self._requests, self._records, self._in_flight()
+        in_flight = self._in_flight()
+        prog = await self._call(self._frontier.progress, clock.time())
+        moved = s.committed - self._base_committed
+        urls = dict(self._urls)
+        if moved:
+            urls["done"] = urls.get("done", 0) + moved
+        urls.update(queued=prog.queued, leased=prog.leased)
+        urls = {k: v for k, v in urls.items() if v}
+        requests = self._requests + moved
+        records = self._records + s.records - self._base_records
         snap = {
             "elapsed_s": round(now - self._started, 1),
             "pages_per_s": round(self._pages.add(s.fetched, now), 1),
             "bytes_per_s": round(self._bytes.add(s.bytes, now)),
-            "urls": self._urls,
+            "urls": urls,
             "hosts_ready": self._hosts.get("ready", 0),
             "hosts_backoff": self._hosts.get("backoff", 0),
             "in_flight": in_flight,
@@ -89,6 +108,14 @@ class Reporter:
             "requests_per_record": round(requests / records, 3) if records else None,
             "errors": dict(s.errors),
         }
+        if in_flight == 0 and prog.queued and prog.leased == 0:
+            if report is None:
+                report = await self._call(self._frontier.hosts_report, clock.time())
+            now_wall = clock.time()
+            waiting = waiting_hosts(report, now_wall)
+            snap["waiting"] = [w.line(now_wall) for w in waiting[:WAITING_SHOWN]]
+            if len(waiting) > WAITING_SHOWN:
+                snap["waiting"].append(f"… {len(waiting) - WAITING_SHOWN} more hosts")
         live = self._live
         if live is not None:
             live.parser_backlog = snap["parser_backlog"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..frontier.base import Completion, Failure
 
@@ -30,6 +31,29 @@ class CrawlSummary:
     bytes: int = 0
     revisits_started: int = 0
     warc_repaired_bytes: int = 0
+    #: What the run leaves (without --recrawl): URLs still queued, leased by other processes,
+    #: deferred; and the hosts that wait, why and until when (``waiting.Waiting.as_dict``).
+    left: dict[str, int] = field(default_factory=dict)
+    waiting: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Finished with nothing left anywhere: the crawl is done, not just this run."""
+        return self.finished and not any(self.left.values())
+
+    def exit_status(self) -> int:
+        """``crawl``'s exit status: 0 complete; 3 stopped with work left (the horizon,
+        ``--max-pages``, deferred URLs); 1 the crawl had to stop (archive failure); 130 / 143
+        stopped by SIGINT / SIGTERM (what a shell reports for a process those signals end)."""
+        if self.fatal:
+            return 1
+        if self.stopped_by in SIGNAL_STATUS:
+            return SIGNAL_STATUS[self.stopped_by]
+        return 0 if self.complete else 3
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+#: Exit statuses of a crawl stopped by a signal: 128 + the signal number, as shells report.
+SIGNAL_STATUS = {"SIGINT": 130, "SIGTERM": 143}

@@ -319,6 +319,13 @@ class Progress:
     next_host_ready_at: float | None
     #: Earliest ``next_fetch_at`` of a finished URL (what a ``--recrawl`` run waits for).
     next_refetch_at: float | None = None
+    #: The earliest moment a queued URL could be granted on a host that is not paused and has
+    #: a free slot: the latest of its timer, its back-off and its first due URL. None when no
+    #: such host exists (every host with work is paused or at its allowance, whose slots come
+    #: back when a lease ends). This, not ``next_due_at`` or ``next_host_ready_at`` alone, is
+    #: when a process with nothing granted should look again: a URL due long ago on a host
+    #: whose timer runs for another second is not grantable now.
+    next_ready_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -400,7 +407,11 @@ class SchedulingCore(Protocol):
         """Return every lease of ``owner`` (known dead) to the queue at once."""
         ...
 
-    def progress(self, now: float) -> Progress: ...
+    def progress(self, now: float, max_in_flight: int | None = None) -> Progress:
+        """Counts and the moments something changes. With ``max_in_flight`` (the policy's
+        global allowance) ``next_ready_at`` is computed too: it leaves out hosts at their
+        allowance, so it needs to know it."""
+        ...
 
     def reschedule_due(self, now: float, limit: int) -> int:
         """Start a new round for up to ``limit`` finished URLs whose ``next_fetch_at`` has come.

@@ -487,7 +487,14 @@ class MemoryStore:
 
     def reset_robots_failures(self) -> None:
         for h in self.hosts.values():
+            if not h.robots_failures and h.robots_state != "disallow_all":
+                continue
             h.robots_failures = 0
+            if h.robots_state == "disallow_all":
+                h.robots_expires_at = 0.0
+            if (h.backoff_reason or "").startswith("robots.txt unreachable"):
+                h.backoff_until, h.backoff_reason = 0.0, None
+            self._file(h)
 
     # -- partitions, meta, seeds, cursors ------------------------------------------------------
 
@@ -533,6 +540,30 @@ class MemoryStore:
             ready,
             None if refetch is None else refetch[0],
         )
+
+    def open_hosts(
+        self, max_in_flight: int, after: tuple[float, str], limit: int
+    ) -> list[tuple[str, float, float]]:
+        # A scan of the hosts: progress is read when nothing could be granted, not per page.
+        rows = sorted(
+            (h.next_allowed_at, h.host_key, max(h.next_allowed_at, h.backoff_until))
+            for h in self.hosts.values()
+            if h.queued
+            and not h.paused
+            and h.in_flight
+            < allowance(
+                h.max_in_flight if h.max_in_flight is not None else max_in_flight, h.error_streak
+            )
+            and (h.next_allowed_at, h.host_key) > after
+        )
+        return [(key, timer, opens) for timer, key, opens in rows[:limit]]
+
+    def earliest_due(self, host_key: str, by: float) -> float | None:
+        h = self.hosts.get(host_key)
+        due = math.inf if h is None else self._min_due(h)
+        if due == math.inf:
+            return None
+        return by if due <= by else due
 
     def stats(self) -> base.FrontierStats:
         return base.FrontierStats(

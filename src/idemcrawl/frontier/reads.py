@@ -8,12 +8,41 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from .base import FrontierStats, Progress
 from .store import STREAMS
 
 T = TypeVar("T")
+
+
+#: Hosts read per round trip while looking for the next grantable moment.
+_OPEN_HOSTS_PAGE = 64
+
+
+def next_ready_at(store: Any, max_in_flight: int) -> float | None:
+    """``Progress.next_ready_at``: min over open hosts of max(timer, back-off, first due URL).
+
+    Hosts come in timer order, so the walk stops at the first host whose timer is already no
+    earlier than the best moment found; usually that is the first host whose queue has a URL due
+    by its timer, and no queue beyond it is read.
+    """
+    best = math.inf
+    after: tuple[float, str] = (-math.inf, "")
+    while True:
+        rows = store.open_hosts(max_in_flight, after, _OPEN_HOSTS_PAGE)
+        for host_key, timer, opens in rows:
+            if timer >= best:
+                return best
+            if opens >= best:
+                continue
+            due = store.earliest_due(host_key, opens)
+            if due is not None:
+                best = min(best, max(opens, due))
+        if len(rows) < _OPEN_HOSTS_PAGE:
+            return None if best == math.inf else best
+        after = (rows[-1][1], rows[-1][0])
 
 
 class Reads:
@@ -36,8 +65,17 @@ class Reads:
     def _read(self, fn: Callable[[Any], T]) -> T:
         return self._run(fn, write=False)
 
-    def progress(self, now: float) -> Progress:
-        return self._read(lambda s: s.progress(now))  # one statement: one snapshot
+    def progress(self, now: float, max_in_flight: int | None = None) -> Progress:
+        if max_in_flight is None:
+            return self._read(lambda s: s.progress(now))  # one statement: one snapshot
+
+        def tx(s: Any) -> Progress:
+            p = s.progress(now)
+            if not p.queued or s.crawl_paused():  # paused: nothing is ready until resumed
+                return p
+            return replace(p, next_ready_at=next_ready_at(s, max_in_flight))
+
+        return self._run(tx, write=False, snapshot=True)
 
     def stats(self) -> FrontierStats:
         return self._run(lambda s: s.stats(), write=False, snapshot=True)

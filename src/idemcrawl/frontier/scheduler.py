@@ -621,7 +621,9 @@ class Scheduler(Reads):
         """A good answer: the error streak steps down, latency feeds the adaptive delay (R8)."""
         if latency is not None:
             h["latency_ewma"] = update_latency(h["latency_ewma"], latency)
-        if h["error_streak"] <= 1:
+        if h["error_streak"] <= 1 and h["backoff_until"] <= now:
+            # The reason names a back-off still running (robots.txt unreachable, a 503 the
+            # other requests have not cleared): it stays until that back-off is over.
             h["backoff_reason"] = None
         h["error_streak"] = max(0, h["error_streak"] - 1)
         h["next_allowed_at"] = max(h["next_allowed_at"], now + end_gap(h, p))

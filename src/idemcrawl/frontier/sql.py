@@ -448,7 +448,8 @@ class SQLStore:
         return [
             r[0]
             for r in self._x(
-                "SELECT host_key FROM hosts WHERE robots_failures > 0 UNION "
+                "SELECT host_key FROM hosts WHERE robots_failures > 0 "
+                "OR robots_state = 'disallow_all' UNION "
                 "SELECT DISTINCT host_key FROM urls WHERE state = 'deferred'"
             ).fetchall()
         ]
@@ -465,7 +466,16 @@ class SQLStore:
         return max(self.cur.rowcount, 0)
 
     def reset_robots_failures(self) -> None:
-        self._x("UPDATE hosts SET robots_failures = 0 WHERE robots_failures > 0")
+        self._x(
+            "UPDATE hosts SET robots_failures = 0, "
+            "robots_expires_at = CASE WHEN robots_state = 'disallow_all' THEN 0 "
+            "ELSE robots_expires_at END, "
+            "backoff_until = CASE WHEN backoff_reason LIKE 'robots.txt unreachable%' THEN 0 "
+            "ELSE backoff_until END, "
+            "backoff_reason = CASE WHEN backoff_reason LIKE 'robots.txt unreachable%' THEN NULL "
+            "ELSE backoff_reason END "
+            "WHERE robots_failures > 0 OR robots_state = 'disallow_all'"
+        )
 
     # -- partitions, meta, seeds, cursors ------------------------------------------------------
 
@@ -533,6 +543,36 @@ class SQLStore:
         ).fetchone()
         queued, leased, next_due, next_exp, host_ready, next_refetch = row
         return Progress(int(queued), int(leased), next_due, next_exp, host_ready, next_refetch)
+
+    def open_hosts(
+        self, max_in_flight: int, after: tuple[float, str], limit: int
+    ) -> list[tuple[str, float, float]]:
+        rows = self._x(
+            "SELECT host_key, next_allowed_at, GREATEST(next_allowed_at, backoff_until) "
+            "FROM hosts WHERE queued > 0 AND paused = 0 "
+            "AND in_flight < GREATEST(1, COALESCE(max_in_flight, CAST(? AS INTEGER)) "
+            ">> LEAST(error_streak, CAST(? AS INTEGER))) "
+            "AND (next_allowed_at > ? OR (next_allowed_at = ? AND host_key > ?)) "
+            "ORDER BY next_allowed_at, host_key LIMIT ?",
+            (max_in_flight, MAX_STREAK_SHIFT, after[0], after[0], after[1], limit),
+        ).fetchall()
+        return [(r[0], float(r[1]), float(r[2])) for r in rows]
+
+    def earliest_due(self, host_key: str, by: float) -> float | None:
+        # The LIMIT 1 probe is what nearly every call needs, and it stops at the first entry
+        # of the host's queue index; only a host holding nothing due reads its whole queue.
+        if self._scalar(
+            "SELECT 1 FROM urls INDEXED BY urls_queue WHERE host_key = ? AND state = 'queued' "
+            "AND due_at <= ? LIMIT 1",
+            (host_key, by),
+        ):
+            return by
+        due = self._scalar(
+            "SELECT MIN(due_at) FROM urls INDEXED BY urls_queue WHERE host_key = ? "
+            "AND state = 'queued'",
+            (host_key,),
+        )
+        return None if due is None else float(due)
 
     def _by_state(self) -> dict[str, int]:
         by_state = dict.fromkeys(STATES, 0)

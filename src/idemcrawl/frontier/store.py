@@ -357,7 +357,11 @@ class Store(Protocol):
         """Deferred URLs back to the queue: all, or the host's set aside for ``reason``."""
         ...
 
-    def reset_robots_failures(self) -> None: ...
+    def reset_robots_failures(self) -> None:
+        """Every host's robots.txt gets its full count of attempts again, and a host that has
+        no usable copy (unreachable: disallow all) fetches it at its next lease instead of
+        after the error TTL, its robots back-off lifted (``crawl --retry-deferred``)."""
+        ...
 
     # -- partitions, meta, seeds, cursors ------------------------------------------------------
 
@@ -383,6 +387,19 @@ class Store(Protocol):
     # -- read side -----------------------------------------------------------------------------
 
     def progress(self, now: float) -> Progress: ...
+
+    def open_hosts(
+        self, max_in_flight: int, after: tuple[float, str], limit: int
+    ) -> list[tuple[str, float, float]]:
+        """Hosts with queued URLs, not paused, below their allowance: ``(host_key,
+        next_allowed_at, max(next_allowed_at, backoff_until))`` in (next_allowed_at, host_key)
+        order after ``after`` (keyset paging), at most ``limit``."""
+        ...
+
+    def earliest_due(self, host_key: str, by: float) -> float | None:
+        """``by`` when a queued URL of the host is due by then, else its earliest due time
+        (None: nothing queued)."""
+        ...
 
     def stats(self) -> FrontierStats: ...
 
