@@ -596,7 +596,10 @@ def _pool_worker(jobs: Connection, results: Connection, initargs: tuple[Any, ...
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     init_worker(*initargs)
-    results.send_bytes(b"")  # ready: parse timeouts count from here, not from the spawn
+    try:
+        results.send_bytes(b"")  # ready: parse timeouts count from here, not from the spawn
+    except OSError:
+        return  # the crawl ended while this worker started (a finished crawl, a quick stop)
     dumps, loads = pickle.dumps, pickle.loads
     while True:
         try:
