@@ -753,3 +753,40 @@ def test_canonical_is_a_normalised_hint_and_survives_the_process_boundary() -> N
     assert res.canonical == "http://a.example/p/1?ref=x"
     assert [u.url for u in res.links] == ["http://a.example/p/2"]  # the URL itself is kept
     assert pickle.loads(pickle.dumps(res)).canonical == res.canonical
+
+
+MODULES_SPIDER = """
+import sys
+from idemcrawl.parse import Record, Spider
+
+class Modules(Spider):
+    name = "modules"
+
+    def parse(self, page):
+        heavy = ("aiohttp", "idemcrawl.engine", "idemcrawl.cli", "idemcrawl.frontier.sqlite",
+                 "idemcrawl.fetch", "pytest", "_pytest")
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in heavy or m.startswith(heavy))
+        yield Record(key=page.url, data={"loaded": loaded})
+"""
+
+
+def test_a_parser_process_imports_only_what_parsing_needs(tmp_path: Path) -> None:
+    """Neither the engine, aiohttp nor the parent's main script (pytest here, the ``idemcrawl``
+    console script in a crawl) is imported by a parser process: each costs a few MB, not 50."""
+    import asyncio
+
+    from idemcrawl.parse import ParserPool
+
+    spider = write(tmp_path / "modules.py", MODULES_SPIDER)
+    pool = ParserPool(1, (f"{spider}:Modules", SCOPE, "host", None, None))
+
+    async def main() -> ParseResult:
+        pool.start()
+        try:
+            return await pool.parse(pool_job("/p0"), 5.0)
+        finally:
+            pool.close()
+
+    result = asyncio.run(main())
+    assert result.error is None, result.error
+    assert json.loads(result.records[0].data_json)["loaded"] == []

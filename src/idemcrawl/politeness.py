@@ -8,8 +8,13 @@ transaction that grants or releases a lease.
   have, down to 1; each success takes one step back up. So a struggling host gets gentler
   traffic at once and full traffic only after it has answered well again.
 * **Delay** between request starts is the largest of: the configured delay (global or per
-  host), the host's robots.txt ``Crawl-delay`` (up to the cap), and a multiple of its recent
-  response time (Mercator/Heritrix style), capped so that one slow answer cannot park a host.
+  host), the host's robots.txt ``Crawl-delay`` (up to the cap), and the latency-adaptive gap
+  ``latency_factor * recent response time / allowance`` (Mercator/Heritrix style), capped so
+  that one slow answer cannot park a host. Dividing by the allowance keeps the load the same
+  whatever concurrency the host was given: with one request at a time the gap is factor *
+  latency, so the host is busy with us at most 1/factor of the time; with eight allowed, eight
+  requests may overlap at the same 1/factor duty per slot, and a slow or erring host (whose
+  allowance the error streak halves) is still slowed down.
 * **Back-off** after an error: ``Retry-After`` when the server sent one (capped), otherwise
   exponential back-off with full jitter (uniform in ``[0, min(cap, base * 2**streak)]``), which
   spreads retries of many workers instead of synchronising them.
@@ -39,13 +44,19 @@ def effective_delay(
     crawl_delay_cap: float,
     latency_ewma: float | None,
     policy: HostPolicy,
+    allowance: int = 1,
 ) -> float:
-    """Seconds between request starts on a host; never below the configured minimum."""
+    """Seconds between request starts on a host; never below the configured minimum.
+
+    ``allowance`` is the number of requests the host may have in flight right now: the
+    adaptive gap is ``latency_factor * latency_ewma / allowance`` (module doc).
+    """
     delay = configured
     if crawl_delay is not None and crawl_delay <= crawl_delay_cap:
         delay = max(delay, crawl_delay)
     if policy.latency_factor > 0 and latency_ewma:
-        delay = max(delay, min(policy.latency_factor * latency_ewma, policy.max_adaptive_delay))
+        adaptive = policy.latency_factor * latency_ewma / max(1, allowance)
+        delay = max(delay, min(adaptive, policy.max_adaptive_delay))
     return delay
 
 

@@ -167,6 +167,27 @@ def test_a_lease_about_to_expire_is_dropped_unfetched(
     assert r.fetcher.urls == [first.url]
 
 
+def test_a_promised_start_is_waited_for_before_fetching(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """A lease granted one adaptive gap ahead (``start_at``) is not fetched before it (I6)."""
+    add_pages(frontier, clock, 1)
+    (lease,) = lease_all(frontier, clock, 1)
+    later = dataclasses.replace(lease, start_at=clock.now + 0.0025)
+    r = rig(tmp_path, frontier, clock, {lease.url: response(lease.url, 200, html())})
+
+    async def main() -> None:
+        task = asyncio.create_task(r.pipeline.process(later))
+        await clock.advance(0.002)
+        assert r.fetcher.calls == []  # not yet
+        await clock.advance(0.0005)
+        assert isinstance(await asyncio.wait_for(task, 1), Completion)
+        assert r.fetcher.urls == [lease.url]
+        assert clock.waits == [pytest.approx(0.0025)]
+
+    asyncio.run(main())
+
+
 def test_a_parse_error_fails_the_url_and_keeps_the_archived_body(
     tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock
 ) -> None:

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
+
 from idemcrawl.frontier.base import (
     Completion,
     Failure,
@@ -82,3 +86,29 @@ def test_retry_deferred_lifts_the_robots_error(frontier: Frontier) -> None:
     # robots.txt is asked for again at once, not an hour later.
     (again,) = frontier.lease("w", 5, T0 + 2, 30, policy)
     assert again.url == "http://r/robots.txt" and again.version == robots.version + 1
+
+
+def test_adaptive_gap_grants_promise_spaced_starts(frontier: Frontier) -> None:
+    """Spacing that is only the adaptive gap: several grants per call, starts one gap apart
+    (I6), the lease log records those starts, and the audit finds no violation."""
+    from idemcrawl.frontier.scheduler import SCHEDULE_AHEAD
+
+    policy = HostPolicy(max_in_flight=8, delay=0.0, latency_factor=2.0)
+    frontier.add([NewURL(f"http://f/p{i}", "http://f") for i in range(30)], T0)
+    (first,) = frontier.lease("w", 1, T0, 30, policy)
+    # 10 ms answers: the gap becomes 2 * 0.010 / 8 = 2.5 ms.
+    done = Completion(first, 200, T0 + 0.01, latency=0.010)
+    assert frontier.complete([done], T0 + 0.01, policy) == [True]
+    leases = frontier.lease("w", 20, T0 + 0.02, 30, policy)
+    assert len(leases) == 8  # the allowance, all within SCHEDULE_AHEAD
+    starts = [ls.start_at or T0 + 0.02 for ls in leases]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(g == pytest.approx(0.0025) for g in gaps)
+    assert starts[-1] - starts[0] <= SCHEDULE_AHEAD
+    host = frontier.host_row("http://f")
+    assert host is not None and host["next_allowed_at"] == pytest.approx(starts[-1] + 0.0025)
+    assert frontier.lease_audit()["violations"] == 0
+    # A configured delay (I8 spaces response ends too): one start per grant, as before.
+    fixed = HostPolicy(max_in_flight=8, delay=0.001, latency_factor=2.0)
+    frontier.add([NewURL(f"http://g/p{i}", "http://g") for i in range(5)], T0)
+    assert len(frontier.lease("w", 5, T0 + 1, 30, fixed)) == 1

@@ -49,7 +49,8 @@ class Action(enum.Enum):
 
     #: Ask the frontier for ``want`` leases (:meth:`FeederCore.lease`).
     LEASE = "lease"
-    #: Leases were granted: hand them out, then decide again at once.
+    #: Leases were granted: hand them out, then decide again at once (or, when the hosts gave
+    #: less than asked, after ``timeout``: when the next grant can come, or a wake-up).
     LEASED = "leased"
     #: No idle worker wants a lease: wait for a wake-up (a worker going idle, a commit).
     WAIT = "wait"
@@ -83,8 +84,12 @@ class Step:
 
 
 def idle_timeout(wake_at: float, now: float) -> float:
-    """How long to wait for ``wake_at``: never a busy loop, never blind for more than 1 s."""
-    return min(max(wake_at - now, IDLE_POLL_MIN), IDLE_POLL_MAX)
+    """How long to wait for ``wake_at``: exactly that when it is ahead (a 2.5 ms adaptive gap
+    is waited as such), a short poll rather than a spin when it has passed without a grant,
+    and never blind for more than 1 s."""
+    if wake_at <= now:
+        return IDLE_POLL_MIN
+    return min(wake_at - now, IDLE_POLL_MAX)
 
 
 class FeederCore:
@@ -129,15 +134,20 @@ class FeederCore:
         self.lease_chunk = max(2, concurrency // 8)
         self.granted = 0
         self.in_flight = 0
+        #: The last lease call granted less than it asked for: hosts, not idle workers, are the
+        #: limit (one polite host, a few slow ones). Waiting for more idle workers or holding
+        #: completions back then only keeps host slots taken longer, so nothing lingers.
+        self.starved = False
         self._lingered = False
         self._next_reschedule = 0.0
         self._next_reclaim = 0.0
 
     @property
     def busy(self) -> bool:
-        """More in flight than one lease chunk: more completions are moments away (the
-        committer's reason to linger)."""
-        return self.in_flight > self.lease_chunk
+        """More in flight than one lease chunk and work enough for every worker: more
+        completions are moments away and nobody waits for their host slots (the committer's
+        reason to linger)."""
+        return self.in_flight > self.lease_chunk and not self.starved
 
     def plan(self, idle: int) -> Step:
         """The decision before any frontier call; ``idle`` = workers without a lease to start."""
@@ -148,7 +158,12 @@ class FeederCore:
             want = min(want, self.max_pages - self.granted)
         if want <= 0:
             return Step(Action.WAIT)
-        if want < self.lease_chunk and self.in_flight >= self.lease_chunk and not self._lingered:
+        if (
+            want < self.lease_chunk
+            and self.in_flight >= self.lease_chunk
+            and not self._lingered
+            and not self.starved
+        ):
             # Busy: let a few more workers become idle so that one lease transaction serves
             # them all (a lease per page made the lease path the top SQL cost).
             self._lingered = True
@@ -166,9 +181,19 @@ class FeederCore:
             self._next_reschedule = now + RESCHEDULE_EVERY
             revisits = f.reschedule_due(now, RESCHEDULE_LIMIT)
         leases = f.lease(self.owner, want, now, self.lease_seconds, self.policy)
-        if leases:
+        self.starved = len(leases) < want
+        if leases and not self.starved:
             return Step(Action.LEASED, leases=leases, revisits=revisits)
         prog = f.progress(now, self.policy.max_in_flight)
+        if leases:
+            # The hosts gave less than asked (one polite host spacing its starts): asking again
+            # at once would only be an empty transaction; look again when the next can start.
+            wake = min(
+                (t for t in (prog.next_ready_at, prog.next_lease_expiry) if t is not None),
+                default=now + IDLE_POLL_MAX,
+            )
+            timeout = idle_timeout(wake, self.clock.time())
+            return Step(Action.LEASED, leases=leases, timeout=timeout, revisits=revisits)
         if prog.finished and self.in_flight == 0 and not self.recrawl:
             return Step(Action.FINISHED, revisits=revisits)
         reclaimed = 0
@@ -284,6 +309,8 @@ class Feeder:
                 if action is Action.LEASED:
                     for lease in step.leases:
                         self._work.put_nowait(lease)
+                    if step.timeout is not None:
+                        await self._wait(step.timeout)
                 elif action is Action.WAIT:
                     await self._wait(None)
                 elif action is Action.LINGER:

@@ -122,6 +122,9 @@ class Pipeline:
         self.retry = RetryPolicy(cfg, clock, rng)
 
     async def process(self, lease: Lease) -> Outcome | None:
+        wait = lease.start_at - self.clock.time()
+        if wait > 0:  # a start promised one adaptive gap after the previous one (I6)
+            await self.clock.sleep(wait)
         if self.clock.time() >= lease.expires_at - 1.0:
             return None  # someone else may hold it by now; fetching would break the host limits
         if lease.kind == ROBOTS:

@@ -6,10 +6,28 @@ a ``postgresql://`` URL, or ``memory:`` / ``memory:NAME`` (in this process only,
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .base import Frontier, FrontierError
-from .memory import MemoryFrontier
-from .sqlite import SQLiteFrontier
-from .store import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from .memory import MemoryFrontier
+    from .sqlite import SQLiteFrontier
+    from .store import SCHEMA_VERSION
+
+#: Backends are imported on first use (PEP 562): ``frontier.base`` (the contract's data types)
+#: is what parser processes need, and importing a package runs its ``__init__``.
+_LAZY = {"MemoryFrontier": "memory", "SQLiteFrontier": "sqlite", "SCHEMA_VERSION": "store"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 
 def split_schema(dsn: str) -> tuple[str, str | None]:
@@ -37,6 +55,9 @@ def open_frontier(db: str, *, create: bool = True) -> Frontier:
 
         dsn, schema = split_schema(db)
         return PostgresFrontier(dsn, schema=schema, create=create)
+    from .memory import MemoryFrontier
+    from .sqlite import SQLiteFrontier
+
     if db.startswith(MemoryFrontier.PREFIX):
         return MemoryFrontier(db[len(MemoryFrontier.PREFIX) :] or None, create=create)
     return SQLiteFrontier(db, create=create)

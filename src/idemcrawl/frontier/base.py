@@ -31,7 +31,11 @@ I6  A host's ``in_flight`` equals the number of its URLs in state ``leased``. Gr
     lease is granted only when ``in_flight`` is below the host's allowance and
     ``next_allowed_at`` has been reached; the grant moves
     ``next_allowed_at`` forward by the host's delay in the same atomic step, so concurrent
-    leasers — threads, processes or machines — can never exceed a host's allowance together. (R6)
+    leasers — threads, processes or machines — can never exceed a host's allowance together.
+    When a host's only spacing is the latency-adaptive gap (no configured delay or
+    Crawl-delay, so I8 asks nothing), one grant may give it several leases with promised starts
+    ``start_at`` one gap apart, at most ``scheduler.SCHEDULE_AHEAD`` ahead; a request never starts
+    before its ``start_at``, and the lease log records those starts.                        (R6)
 I7  An expired lease returns its URL to ``queued`` and its slot to the host; nothing needs to
     notice the crash that caused it.                                                       (R4)
 I8  Completion/failure also push ``next_allowed_at`` to at least ``now + delay`` so the gap between
@@ -200,6 +204,10 @@ class Lease:
     prev_status: int | None = None
     interval: float | None = None
     hops: int = 0
+    #: When the request may start (0: at once). A host whose only spacing is the
+    #: latency-adaptive gap gets several grants per lease call, each promised its own start a
+    #: gap after the previous one; the lease log records that start (I6).
+    start_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

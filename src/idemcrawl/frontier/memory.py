@@ -325,8 +325,8 @@ class MemoryStore:
                 u.leased_at = now
                 self._set_state(u, LEASED)
                 self.lease_log.append(
-                    (len(self.lease_log) + 1, g.host_key, ls.url_id, ls.kind, now, ls.due_at,
-                     g.min_gap, g.allowance, g.in_flight + i)
+                    (len(self.lease_log) + 1, g.host_key, ls.url_id, ls.kind,
+                     ls.start_at or now, ls.due_at, g.min_gap, g.allowance, g.in_flight + i)
                 )  # fmt: skip
             h = self.hosts[g.host_key]
             h.next_allowed_at, h.budget_used, h.budget_day = (

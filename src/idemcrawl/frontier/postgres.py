@@ -193,13 +193,13 @@ class PgStore(SQLStore):
             cur.execute(
                 "INSERT INTO lease_log (host_key, url_id, kind, granted_at, eligible_at, "
                 "min_gap, allowance, in_flight_before) "
-                "SELECT g.host_key, g.url_id, g.kind, %s, g.eligible_at, g.min_gap, g.allowance, "
-                "g.in_flight FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[], "
-                "%s::float8[], %s::int[], %s::int[]) WITH ORDINALITY "
-                "AS g(host_key, url_id, kind, eligible_at, min_gap, allowance, in_flight, n) "
-                "ORDER BY g.n",
+                "SELECT g.host_key, g.url_id, g.kind, g.granted_at, g.eligible_at, g.min_gap, "
+                "g.allowance, g.in_flight FROM unnest(%s::float8[], %s::text[], %s::bigint[], "
+                "%s::text[], %s::float8[], %s::float8[], %s::int[], %s::int[]) WITH ORDINALITY "
+                "AS g(granted_at, host_key, url_id, kind, eligible_at, min_gap, allowance, "
+                "in_flight, n) ORDER BY g.n",
                 (
-                    now,
+                    [float(ls.start_at or now) for _, _, ls in leases],
                     [g.host_key for g, _, _ in leases],
                     [ls.url_id for _, _, ls in leases],
                     [ls.kind for _, _, ls in leases],

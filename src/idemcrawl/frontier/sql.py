@@ -315,8 +315,8 @@ class SQLStore:
         self._xm(
             LEASE_LOG,
             [
-                (g.host_key, ls.url_id, ls.kind, now, ls.due_at, g.min_gap, g.allowance,
-                 g.in_flight + i)
+                (g.host_key, ls.url_id, ls.kind, ls.start_at or now, ls.due_at, g.min_gap,
+                 g.allowance, g.in_flight + i)
                 for g in grants
                 for i, ls in enumerate(g.leases)
             ],

@@ -693,7 +693,12 @@ class _Sim:
                 for ls in step.leases:
                     self.grant(ls)
                 self.refresh(ls.host_key for ls in step.leases)
-                continue  # like the engine: decide again at once while leases come back
+                if step.timeout is None:
+                    continue  # like the engine: decide again at once while leases come back
+                self.feeder_wake = now + step.timeout  # hosts gave less: look again then
+                self.lingering = False
+                self.c["feeder_idle"] += 1
+                return
             if step.action in (Action.LINGER, Action.IDLE):
                 assert step.timeout is not None
                 self.feeder_wake = now + step.timeout
@@ -748,9 +753,10 @@ class _Sim:
         h.in_flight += 1
         h.queued = max(0, h.queued - 1)
         self._slot_event(h, now)
-        # What happens to this request.
+        # What happens to this request; it starts when its lease says (I6: start_at).
         latency = h.latency * rng.uniform(0.7, 1.3)
-        end = now + latency
+        start = max(now, ls.start_at)
+        end = start + latency
         u = rng.random()
         fault = "crash" if u < o.p_crash else "lost" if u < o.p_crash + o.p_lost else None
         duplicate = fault is None and rng.random() < o.p_duplicate
@@ -782,7 +788,7 @@ class _Sim:
         )
         if not blocked:  # the SSRF guard refused before connecting: the server saw nothing
             self.request_log.append(
-                {"host": h.key, "path": path, "start": now, "end": end, "status": status}
+                {"host": h.key, "path": path, "start": start, "end": end, "status": status}
             )
         if self.stall_start <= now < self.stall_end:
             self.bp["grants"] += 1

@@ -23,8 +23,11 @@ class ShopSpider(Spider):
                     "price": price.text() if price else None,
                 },
             )
+        # The next listing first: the listings are a chain (each names the next), so fetching
+        # it early lets the crawl fan out instead of waiting at every page for the products
+        # found so far.
         for node in page.css("a.product[href], a[rel=next][href]"):
             yield Link(
                 str(node.attrs["href"]),
-                priority=1 if "product" in node.attrs.get("class", "") else 0,
+                priority=0 if "product" in node.attrs.get("class", "") else 1,
             )
