@@ -99,10 +99,11 @@ def test_recrawl_sends_conditional_requests_and_indexes_only_changes(tmp_path: P
     # Unchanged pages back off towards the maximum; changed ones were pulled back to the floor.
     static_interval = rows[seeds[3]]["revisit_interval"]
     assert static_interval >= 1.6
-    # 304s stored no body: the archive holds 9 response records (6 + 3 changes) and revisits.
+    # 304s stored no body: the archive holds 10 response records (robots.txt, 6 pages and 3
+    # changes) and revisits.
     report = verify_directory(str(db) + ".warc")
     assert report["errors"] == []
-    assert report["records"]["response"] == 9
+    assert report["records"]["response"] == 10
     assert report["records"]["revisit"] >= 6
 
 

@@ -74,6 +74,9 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--allow-private", "append", "permit connections to this private/loopback address or "
      "network", {"metavar": "ADDR_OR_CIDR"}),
     ("--max-pages", count, "stop after leasing this many pages in this run"),
+    ("--requisites", "store_true", "also fetch what each page needs to render (stylesheets, "
+     "scripts, images, on any host, each under its own robots.txt and politeness) and archive "
+     "it, for crawls meant for replay"),
     ("--horizon", seconds, "without --recrawl, stop with exit status 3 once nothing left can "
      "start within this many seconds (default {horizon}; 0 = wait however long)"),
     ("--parse-workers", count,

@@ -51,6 +51,9 @@ class CrawlConfig:
     #: flight and nothing left can start within this many seconds: a host resting an hour after
     #: its robots.txt failed should not keep a finite crawl waiting. 0 waits however long.
     horizon: float = 60.0
+    #: Also fetch what each page needs to render (stylesheets, scripts, images; on any host,
+    #: under each host's own robots.txt and politeness), archived for replay (like wget -p).
+    requisites: bool = False
     #: Adaptive politeness: at least this multiple of a host's recent response time between
     #: request starts (Mercator/Heritrix); 0 turns it off.
     latency_factor: float = 2.0
@@ -273,6 +276,7 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "allow_private": (list,),
     "max_pages": (int,),
     "horizon": (int, float),
+    "requisites": (bool,),
     "parse_workers": (int,),
     "commit_batch": (int,),
     "commit_seconds": (int, float),

@@ -36,10 +36,30 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 from . import url as urls
 from .dedup import page_simhash
 from .encoding import detect_encoding
-from .frontier.base import DOWNLOAD, PAGE, SITEMAP, NewURL, RecordWrite, canonical_json
+from .frontier.base import DOWNLOAD, PAGE, REQUISITE, SITEMAP, NewURL, RecordWrite, canonical_json
 from .html_text import reader_text
 from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
+
+#: Elements that bring in what a page renders with; ``link`` only for the ``_REQUISITE_RELS``.
+_REQUISITE_CSS = (
+    "link[href], script[src], img[src], img[srcset], source[src], source[srcset], "
+    "video[src], video[poster], audio[src], embed[src], input[type=image][src]"
+)
+_REQUISITE_RELS = frozenset(
+    {"stylesheet", "icon", "shortcut", "apple-touch-icon", "preload", "modulepreload", "manifest"}
+)
+#: Requisites taken from one page at most: a hostile page cannot enqueue thousands.
+MAX_REQUISITES = 200
+
+
+def _add_resolved(out: dict[str, None], resolve: Callable[[str], str], href: str) -> None:
+    try:
+        u = resolve(href.strip())
+    except urls.InvalidURL:
+        return
+    if u.startswith(("http://", "https://")):
+        out[u] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +236,34 @@ class Page:
     def in_scope(self, url: str) -> bool:
         return urls.in_scope(url, self._scope_hosts, self._scope)
 
+    def requisites(self) -> list[str]:
+        """Absolute URLs of what the page needs to render (stylesheets, scripts, images, icons,
+        media), each once, in document order, on any host: what a browser would load with it
+        and what a replay needs (``--requisites``, like wget's ``-p``)."""
+        if not self.is_html:
+            return []
+        out: dict[str, None] = {}
+        resolve = self.resolver.resolve
+        for node in self._tree.css(_REQUISITE_CSS):
+            attrs = node.attributes
+            if node.tag == "link":
+                rel = (attrs.get("rel") or "").lower().split()
+                if not _REQUISITE_RELS.intersection(rel):
+                    continue
+            for name in ("href", "src", "poster"):
+                value = attrs.get(name)
+                if value:
+                    _add_resolved(out, resolve, value)
+            srcset = attrs.get("srcset")
+            if srcset:
+                for candidate in srcset.split(","):
+                    parts = candidate.split()
+                    if parts:
+                        _add_resolved(out, resolve, parts[0])
+            if len(out) >= MAX_REQUISITES:
+                break
+        return list(out)[:MAX_REQUISITES]
+
 
 class Spider:
     """Subclass this: set ``name`` (the records' source) and implement ``parse``.
@@ -357,8 +405,11 @@ class Parser:
         limits: TrapLimits | None = None,
         *,
         simhash: bool = True,
+        requisites: bool = False,
     ) -> None:
         self.spider = load_spider(spider_spec)()
+        #: Also discover what each HTML page needs to render (``crawl --requisites``).
+        self.requisites = requisites
         #: Compute ParseResult.simhash for HTML pages (~0.5 ms per 15 KB page).
         self.simhash = simhash
         self.source = str(self.spider.name)
@@ -413,6 +464,8 @@ class Parser:
                     )
             if page.is_html:
                 result.canonical = _canonical_hint(page)
+                if self.requisites and job.kind == PAGE:
+                    self._requisites(result, page, job.depth)
             if self.simhash and page.is_html:
                 # The spider is done and Node offers it no way to change the tree, so the
                 # page's own tree is visible_text(page.text)'s input, parsed already.
@@ -422,6 +475,13 @@ class Parser:
         except Exception as exc:  # a spider bug must fail this URL, not the crawl
             return ParseResult(error=f"parse error: {type(exc).__name__}: {exc}"[:500])
         return result
+
+    def _requisites(self, result: ParseResult, page: Page, depth: int) -> None:
+        """A page's requisites enter the frontier on any host (each host under its own
+        robots.txt and politeness), at the page's own depth (they are part of it), ahead of
+        its links (priority 2), checked by the URL trap defences; they are never parsed."""
+        for u in page.requisites():
+            self._accept(result, u, urls.host_key(u), depth, 2, REQUISITE)
 
     def _record(self, rec: Record) -> RecordWrite:
         if not isinstance(rec.data, dict):
@@ -534,6 +594,7 @@ def init_worker(
     scope: str,
     limits: TrapLimits | None = None,
     memory_limit: int | None = None,
+    requisites: bool = False,
 ) -> None:
     """Process-pool initializer: cap the worker's memory, load the spider once (R18).
 
@@ -542,7 +603,7 @@ def init_worker(
     """
     global _worker
     _limit_memory(memory_limit)
-    _worker = Parser(spider_spec, scope_hosts, scope, limits)
+    _worker = Parser(spider_spec, scope_hosts, scope, limits, requisites=requisites)
 
 
 def _limit_memory(limit: int | None) -> None:

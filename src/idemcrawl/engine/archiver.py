@@ -144,6 +144,32 @@ class Archiver:
             self._recent.popitem(last=False)
         return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
 
+    async def robots_hop(self, url: str, hop: int, res: FetchResult) -> Archived:
+        """One answer on the way to a robots.txt (each redirect hop too): archived like any
+        exchange, so a replay and an audit see what the crawler was told (R7, R20)."""
+        store = self.store
+        if store is None:
+            return Archived()
+        metadata = {"robots_txt": True, "hop": hop, "status": res.status}
+        ptr = await self._store(
+            partial(
+                store.write_exchange,
+                url=url,
+                fetched_at=self._clock.time() - res.elapsed,
+                request_headers=res.request_headers,
+                status=res.status,
+                reason=res.reason,
+                http_version=res.http_version,
+                response_headers=res.raw_headers,
+                body=res.body,
+                ip=res.ip,
+                metadata=metadata,
+                truncated=res.cut_reason,
+                decoded=not any("not decoded" in n for n in res.notes),
+            )
+        )
+        return Archived(ptr.file, ptr.offset, ptr.length, ptr.payload_digest, stored=False)
+
     async def not_modified(self, lease: Lease, res: FetchResult) -> None:
         """A 304 (R13) is archived as a revisit record without a body."""
         store = self.store

@@ -35,11 +35,14 @@ class ParseClient:
         #: Fetched pages waiting for a parser (the parser backlog metric).
         self.waiting = 0
         if cfg.parse_workers == 0:
-            self._parser = Parser(spec, scope_hosts, cfg.scope, cfg.trap_limits())
+            self._parser = Parser(
+                spec, scope_hosts, cfg.scope, cfg.trap_limits(), requisites=cfg.requisites
+            )
             return
         limits = cfg.trap_limits()
         self._pool = ParserPool(
-            cfg.parse_workers, (spec, scope_hosts, cfg.scope, limits, cfg.parse_memory_limit)
+            cfg.parse_workers,
+            (spec, scope_hosts, cfg.scope, limits, cfg.parse_memory_limit, cfg.requisites),
         )
         # Pages queued per parser process: enough that a worker always has its next page even
         # when the event loop answers late (it shares the GIL with the SQL thread, whose

@@ -27,7 +27,16 @@ from typing import Any, Protocol
 from .. import url as urls
 from ..config import CrawlConfig
 from ..fetch import RETRYABLE_STATUS, FetchError, FetchResult, retry_after_seconds
-from ..frontier.base import DOWNLOAD, ROBOTS, Completion, Failure, Lease, NewURL, RobotsFetch
+from ..frontier.base import (
+    DOWNLOAD,
+    REQUISITE,
+    ROBOTS,
+    Completion,
+    Failure,
+    Lease,
+    NewURL,
+    RobotsFetch,
+)
 from ..parse import ParseJob, ParseResult
 from .archiver import Archived, ArchiveFailed, Archiver
 from .clock import Clock
@@ -128,7 +137,10 @@ class Pipeline:
         if self.clock.time() >= lease.expires_at - 1.0:
             return None  # someone else may hold it by now; fetching would break the host limits
         if lease.kind == ROBOTS:
-            return await self.fetch_robots(lease)
+            try:
+                return await self.fetch_robots(lease)
+            except ArchiveFailed:
+                return None  # the crawl is stopping; the lease returns and a restart refetches
         s = self.summary
         conditional = conditional_headers(lease)
         try:
@@ -151,6 +163,8 @@ class Pipeline:
                 return await self._not_modified(lease, res)
             if lease.kind == DOWNLOAD:
                 return await self._download(lease, res)
+            if lease.kind == REQUISITE:
+                return await self._requisite(lease, res)
             return await self._page(lease, res)
         except ArchiveFailed:
             return None  # the crawl is stopping; the lease returns and a restart refetches
@@ -260,6 +274,13 @@ class Pipeline:
         counters = {"downloads": 1} if stored else {}
         return self._round(lease, res, archived, error, counters, stored_file=stored)
 
+    async def _requisite(self, lease: Lease, res: FetchResult) -> Completion:
+        """A stylesheet, script or image a page needs (``--requisites``): archived for replay,
+        never parsed, no file copy, no index event."""
+        archived = await self.archiver.archive(lease, res, ParseResult(), [])
+        error = f"cut: {res.cut_reason}" if res.cut_reason else None
+        return self._round(lease, res, archived, error, {"requisites": 1})
+
     async def _not_modified(self, lease: Lease, res: FetchResult) -> Completion:
         """A 304 (R13): no body to store or parse; the schedule lengthens; no index event."""
         await self.archiver.not_modified(lease, res)
@@ -298,6 +319,7 @@ class Pipeline:
         url = lease.url
         t0 = self.clock.monotonic()
         outcome = RobotsFetch(None, error="not fetched")
+        archived = Archived()
         for hop in range(MAX_ROBOTS_REDIRECTS + 1):
             try:
                 res = await self.fetcher.fetch(url)
@@ -306,6 +328,7 @@ class Pipeline:
                 outcome = RobotsFetch(None, error=str(exc), permanent=exc.kind == "blocked")
                 break
             self.summary.fetched += 1
+            archived = await self.archiver.robots_hop(url, hop, res)
             location = res.headers.get("location")
             if 300 <= res.status < 400 and location:
                 if hop == MAX_ROBOTS_REDIRECTS:
@@ -326,4 +349,8 @@ class Pipeline:
             self.clock.time(),
             latency=self.clock.monotonic() - t0,
             robots=outcome,
+            warc_file=archived.file,
+            warc_offset=archived.offset,
+            warc_length=archived.length,
+            payload_digest=archived.digest,
         )

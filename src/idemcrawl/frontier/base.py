@@ -102,6 +102,9 @@ ROBOTS = "robots"
 SITEMAP = "sitemap"
 #: A file a spider asked for (image, PDF…): fetched, stored by content hash, never parsed.
 DOWNLOAD = "download"
+#: What a page needs to render (stylesheet, script, image), fetched with ``--requisites`` for
+#: crawls meant for replay: archived, never parsed, no index event.
+REQUISITE = "requisite"
 
 
 class FrontierError(RuntimeError):
