@@ -790,3 +790,43 @@ def test_a_parser_process_imports_only_what_parsing_needs(tmp_path: Path) -> Non
     result = asyncio.run(main())
     assert result.error is None, result.error
     assert json.loads(result.records[0].data_json)["loaded"] == []
+
+
+def test_page_requisites_are_what_it_renders_with() -> None:
+    body = (
+        b'<html><head><base href="https://cdn.example/base/">'
+        b'<link rel="stylesheet" href="a.css"><link rel="alternate" href="/feed">'
+        b'<link rel="icon shortcut" href="/favicon.ico"><script src="app.js"></script>'
+        b"<script>inline()</script></head><body>"
+        b'<img src="x.png" srcset="x.png 1x, x2.png 2x,  x3.png 3x">'
+        b'<picture><source srcset="y.webp"></picture><video poster="p.jpg" src="v.mp4"></video>'
+        b'<img src="data:image/png;base64,AAAA"><a href="/page">a link</a></body></html>'
+    )
+    page = Page("https://shop.example/p", 200, {"content-type": "text/html"}, body)
+    got = page.requisites()
+    base = "https://cdn.example/base/"
+    assert got == [
+        f"{base}a.css",
+        "https://cdn.example/favicon.ico",
+        f"{base}app.js",
+        f"{base}x.png",
+        f"{base}x2.png",
+        f"{base}x3.png",
+        f"{base}y.webp",
+        f"{base}v.mp4",
+        f"{base}p.jpg",
+    ]
+    many = b"".join(b'<img src="/i%d.png">' % i for i in range(500))
+    assert len(Page("https://a.example/", 200, {}, many).requisites()) == 200
+
+
+def test_requisites_are_discovered_only_when_asked() -> None:
+    body = b'<html><body><img src="https://img.example/i.png"><a href="/n">n</a></body></html>'
+    job = ParseJob("https://shop.example/", 200, {"content-type": "text/html"}, body, 0, "page")
+    plain = Parser(None, frozenset({"https://shop.example"}), "host").run(job)
+    assert [u.url for u in plain.links] == ["https://shop.example/n"]
+    asked = Parser(None, frozenset({"https://shop.example"}), "host", requisites=True).run(job)
+    kinds = {u.url: (u.kind, u.priority) for u in asked.links}
+    # On another host (out of the crawl's scope), a requisite still comes: it is part of the page.
+    assert kinds["https://img.example/i.png"] == ("requisite", 2)
+    assert kinds["https://shop.example/n"] == ("page", 0)
