@@ -25,8 +25,9 @@ def _host() -> str:
 
 
 def lock_dir_for(crawl_identity: str) -> str:
-    """Where slot files live: beside an SQLite file, or under the temp dir for a server DSN."""
-    if "://" not in crawl_identity:
+    """Where slot files live: beside an SQLite file, or under the temp dir for a server DSN or
+    an in-memory crawl (``memory:``, whose name is not a path)."""
+    if "://" not in crawl_identity and not crawl_identity.startswith("memory:"):
         return os.path.abspath(crawl_identity) + ".owners"
     digest = hashlib.blake2b(crawl_identity.encode(), digest_size=8).hexdigest()
     return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"idemcrawl-owners-{digest}")
