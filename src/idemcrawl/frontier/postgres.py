@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .base import Completion, FrontierError, NewURL
 from .postgres_schema import MIGRATIONS
 from .scheduler import Scheduler
-from .sql import POSTGRES, SQLStore
+from .sql import SQLStore
+from .sql_dialect import POSTGRES
 from .store import DONE_COLUMNS, SCHEMA_VERSION, Grant, done_values
 
 try:

@@ -88,8 +88,8 @@ def host_ready(h: HostRow, now: float, max_in_flight: int) -> bool:
 
     ``Store.ready_hosts`` selects with this predicate plus "some queued URL is due" (so that a
     host holding only future retries cannot sit at the head of the window and starve ready
-    hosts behind it): ``sql.READY_HOSTS`` is it in SQL, index-friendly; the memory store calls
-    it.
+    hosts behind it): ``sql_dialect.READY_HOSTS`` is it in SQL, index-friendly; the memory
+    store calls it.
     """
     configured = h.max_in_flight if h.max_in_flight is not None else max_in_flight
     return (

@@ -1,12 +1,8 @@
-"""The frontier's SQL, written once for SQLite and PostgreSQL.
+"""The frontier's SQL store, written once for SQLite and PostgreSQL.
 
-Statements are written in one neutral spelling and turned into each engine's by a tiny dialect
-table (:class:`Dialect`): ``?`` placeholders (``%s`` on PostgreSQL), ``GREATEST``/``LEAST``
-(``MAX``/``MIN`` on SQLite), ``IS DISTINCT FROM`` (``IS NOT``), row locks ``FOR UPDATE [SKIP
-LOCKED]`` / ``FOR SHARE`` (nothing on SQLite, whose writers serialise whole transactions), SQLite
-planner hints ``INDEXED BY`` (measured wins there; nothing on PostgreSQL), insert-if-absent
-``ON CONFLICT DO NOTHING`` (``INSERT OR IGNORE``, faster on SQLite) and membership tests
-``{in}`` (``IN (?, …)`` in chunks on SQLite, ``= ANY(%s::type[])`` on PostgreSQL).
+The statements are in the neutral spelling of ``sql_dialect.py``, which turns them into each
+engine's; membership tests ``{in}`` become ``IN (?, …)`` in chunks on SQLite and
+``= ANY(%s::type[])`` on PostgreSQL.
 
 :class:`SQLStore` is the :class:`~.store.Store` both SQL backends use; ``postgres.py`` overrides
 the operations it does set-based with ``unnest`` and its locking hooks, nothing else.
@@ -14,20 +10,31 @@ the operations it does set-based with ``unnest`` and its locking hooks, nothing 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..politeness import MAX_STREAK_SHIFT
 from .base import STATES, Completion, FrontierStats, Lease, NewURL, Progress
+from .sql_dialect import (
+    FAIL_SET,
+    FENCE,
+    FINISH,
+    HOST_COLS,
+    INSERT_EVENT,
+    INSERT_URL,
+    LEASE_LOG,
+    PICK_COLS,
+    PICK_URLS,
+    READY_HOSTS,
+    UPSERT_RECORD,
+    Dialect,
+    cols,
+    url_values,
+)
 from .store import (
-    DONE_COLUMNS,
     ERROR_COLUMNS,
-    FAIL_COLUMNS,
     HOST_COLUMNS,
-    PICK_COLUMNS,
     RECORD_COLUMNS,
     REPARSE_COLUMNS,
     REPORT_COLUMNS,
@@ -40,120 +47,6 @@ from .store import (
     done_values,
     first_live,
 )
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """How one engine spells the neutral SQL of this module."""
-
-    name: str
-    #: (pattern, replacement) applied in order to every statement.
-    rewrites: tuple[tuple[str, str], ...]
-    #: ``{in}`` with n values; PostgreSQL passes the values as one array parameter.
-    array_param: bool
-    #: Writers lock the rows they change (PostgreSQL); else whole transactions serialise.
-    row_locks: bool
-    #: Most values one statement may bind (SQLite's limit; chunks above it).
-    max_params: int = 900
-    #: Statements already rewritten (a bounded set: the SQL of this module).
-    cache: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-
-    def sql(self, text: str) -> str:
-        out = self.cache.get(text)
-        if out is None:
-            out = text
-            for pattern, repl in self.rewrites:
-                out = re.sub(pattern, repl, out, flags=re.DOTALL)
-            self.cache[text] = out
-        return out
-
-
-SQLITE = Dialect(
-    "sqlite",
-    (
-        # Insert-if-absent: with the urls triggers, OR IGNORE takes half the time of the
-        # upsert clause (measured: 4.2 s against 7.9 s for 200k URLs).
-        (r"^INSERT INTO (.*) ON CONFLICT DO NOTHING$", r"INSERT OR IGNORE INTO \1"),
-        (r"\bGREATEST\(", "MAX("),
-        (r"\bLEAST\(", "MIN("),
-        (r"\bIS DISTINCT FROM\b", "IS NOT"),
-        (r" FOR (UPDATE( SKIP LOCKED)?|SHARE)\b", ""),
-    ),
-    array_param=False,
-    row_locks=False,
-)
-POSTGRES = Dialect(
-    "postgres",
-    ((r" INDEXED BY \w+", ""), (r"%", "%%"), (r"\?", "%s")),
-    array_param=True,
-    row_locks=True,
-)
-
-
-def cols(names: Iterable[str], prefix: str = "") -> str:
-    return ", ".join(prefix + n for n in names)
-
-
-HOST_COLS = cols(HOST_COLUMNS)
-PICK_COLS = cols(PICK_COLUMNS)
-
-#: Level 1 (``scheduler.host_ready`` in SQL, plus "something is due"): the EXISTS goes through
-#: urls_queue; planned on urls_state SQLite walks every queued URL per candidate host (6.2 ms at
-#: 12k queued, half the SQL thread) instead of 0.04 ms.
-READY_HOSTS = (
-    f"SELECT {HOST_COLS} FROM hosts WHERE queued > 0 AND next_allowed_at <= ? "
-    "AND backoff_until <= ? AND paused = 0 "
-    "AND in_flight < GREATEST(1, COALESCE(max_in_flight, CAST(? AS INTEGER)) "
-    ">> LEAST(error_streak, CAST(? AS INTEGER))) "
-    "AND EXISTS (SELECT 1 FROM urls u INDEXED BY urls_queue WHERE u.host_key = hosts.host_key "
-    "AND u.state = 'queued' AND u.due_at <= ?) "
-    "ORDER BY next_allowed_at LIMIT ? FOR UPDATE SKIP LOCKED"
-)
-
-#: The fenced completion update (parameters: ``done_values``, then the fence).
-DONE_SET = ", ".join(
-    f"{col} = COALESCE(?, {col})" if keep else f"{col} = ?" for col, keep in DONE_COLUMNS
-) + (
-    ", state = 'done', attempts = 0, lease_owner = NULL, lease_token = NULL, "
-    "lease_expires_at = NULL"
-)
-FENCE = "url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?"
-FINISH = f"UPDATE urls SET {DONE_SET} WHERE {FENCE}"
-PICK_URLS = (
-    f"SELECT {PICK_COLS} FROM urls WHERE host_key = ? AND state = 'queued' AND due_at <= ? "
-    "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT ? FOR UPDATE SKIP LOCKED"
-)
-
-INSERT_URL = (
-    "INSERT INTO urls(url, host_key, state, reason, priority, depth, due_at, discovered_at, "
-    "kind, hops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-UPSERT_RECORD = (
-    "INSERT INTO records(record_id, source, key, url, data, content_hash, first_seen, "
-    "last_changed) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT(record_id) DO UPDATE SET data = excluded.data, "
-    "content_hash = excluded.content_hash, last_changed = excluded.last_changed, "
-    "url = excluded.url WHERE records.content_hash IS DISTINCT FROM excluded.content_hash"
-)
-INSERT_EVENT = (
-    "INSERT INTO events(url_id, url_version, url, status, fetched_at, content_hash, records, "
-    "links, warc_file, warc_offset, warc_length, payload_digest, created_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(url_id, url_version) DO NOTHING"
-)
-FAIL_SET = (
-    "state = ?, due_at = ?, attempts = attempts + 1, last_error = ?, reason = ?, "
-    + ", ".join(f"{c} = COALESCE(?, {c})" for c in FAIL_COLUMNS[4:])
-    + ", lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
-)
-LEASE_LOG = (
-    "INSERT INTO lease_log(host_key, url_id, kind, granted_at, eligible_at, min_gap, allowance, "
-    "in_flight_before) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-def url_values(u: NewURL, now: float) -> tuple[Any, ...]:
-    """``INSERT_URL`` parameters of one new URL."""
-    return (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
 
 
 class SQLStore:

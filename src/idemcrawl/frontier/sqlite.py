@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 from .base import FrontierError
 from .scheduler import Scheduler
-from .sql import SQLITE, SQLStore
+from .sql import SQLStore
+from .sql_dialect import SQLITE
 from .store import SCHEMA_VERSION
 
 T = TypeVar("T")
