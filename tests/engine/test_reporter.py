@@ -85,3 +85,46 @@ def test_without_a_display_a_status_line_is_printed(
     snap = asyncio.run(reporter.tick())
     assert snap["elapsed_s"] == 4.0
     assert lines == ["    4.0s  fetched 7  (0.0/s)  committed 6  records 3  in flight 1  errors 0"]
+
+
+def test_counts_move_with_commits_and_waiting_hosts_are_named(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """Between full reads, queued/leased come from progress and done/records move with this
+    process's commits; with nothing in flight, the snapshot says which host waits, why and
+    until when (#18)."""
+    from idemcrawl.frontier.base import Failure, HostPolicy
+
+    add_pages(frontier, clock, 3)
+    (ls,) = lease_all(frontier, clock, 1)
+    summary = CrawlSummary()
+    snaps: list[dict[str, Any]] = []
+    in_flight = {"n": 1}
+    reporter = Reporter(
+        frontier,
+        inline,
+        clock,
+        summary,
+        started=clock.monotonic(),
+        in_flight=lambda: in_flight["n"],
+        backlog=lambda: 0,
+        snapshot=snaps.append,
+    )
+
+    async def main() -> None:
+        await reporter.tick()  # the full read: 2 queued, 1 leased
+        policy = HostPolicy(max_in_flight=1, delay=0.0)
+        retry = Failure(ls, "HTTP 503", clock.now + 600, 503, host_error=True, retry_after=600)
+        assert frontier.fail([retry], clock.now, policy) == [True]
+        summary.committed += 1  # a failure with a retry: committed, not completed
+        in_flight["n"] = 0
+        clock.now += 2.0
+        await reporter.tick()
+
+    asyncio.run(main())
+    first, second = snaps
+    assert first["urls"] == {"queued": 2, "leased": 1}
+    # Live from progress; a retry is not "done" (only completions move that count).
+    assert second["urls"] == {"queued": 3}
+    (line,) = second["waiting"]
+    assert "3 queued" in line and "Retry-After 600 s" in line and "until" in line

@@ -114,6 +114,7 @@ class Committer:
         s.commit_max_batch = max(s.commit_max_batch, len(batch))
         s.commit_max_seconds = max(s.commit_max_seconds, clock.monotonic() - t)
         s.committed += sum(ok_c) + sum(ok_f)
+        s.completed += sum(ok_c)
         s.rejected_completions += ok_c.count(False) + ok_f.count(False)
         s.records += sum(len(c.records) for c, ok in zip(completions, ok_c, strict=True) if ok)
         s.failed += sum(

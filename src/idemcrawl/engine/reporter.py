@@ -62,8 +62,9 @@ class Reporter:
         self._hosts: dict[str, int] = {}
         self._requests = self._records = 0
         self._next_frontier_read = 0.0
-        #: This process's commits and records at the last full read (what moved since).
-        self._base_committed = self._base_records = 0
+        #: This process's commits, completions, final failures and records at the last full
+        #: read (what moved since).
+        self._base: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     async def run(self) -> None:
         while True:
@@ -82,19 +83,19 @@ class Reporter:
             stats = await self._call(self._frontier.stats)
             self._urls = {k: v for k, v in stats.urls_by_state.items() if v}
             self._requests, self._records = stats.counters.get("fetches", 0), stats.records
-            self._base_committed, self._base_records = s.committed, s.records
+            self._base = (s.committed, s.completed, s.failed, s.records)
             report = await self._call(self._frontier.hosts_report, clock.time())
             self._hosts = host_summary(report)
         in_flight = self._in_flight()
         prog = await self._call(self._frontier.progress, clock.time())
-        moved = s.committed - self._base_committed
+        committed, completed, failed, records_before = self._base
         urls = dict(self._urls)
-        if moved:
-            urls["done"] = urls.get("done", 0) + moved
+        urls["done"] = urls.get("done", 0) + s.completed - completed
+        urls["failed"] = urls.get("failed", 0) + s.failed - failed
         urls.update(queued=prog.queued, leased=prog.leased)
         urls = {k: v for k, v in urls.items() if v}
-        requests = self._requests + moved
-        records = self._records + s.records - self._base_records
+        requests = self._requests + s.committed - committed
+        records = self._records + s.records - records_before
         snap = {
             "elapsed_s": round(now - self._started, 1),
             "pages_per_s": round(self._pages.add(s.fetched, now), 1),

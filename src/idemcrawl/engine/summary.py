@@ -15,6 +15,8 @@ Outcome = Completion | Failure
 class CrawlSummary:
     fetched: int = 0
     committed: int = 0
+    #: Of ``committed``: the completions (URLs done), the rest being failures and retries.
+    completed: int = 0
     rejected_completions: int = 0
     records: int = 0
     failed: int = 0
