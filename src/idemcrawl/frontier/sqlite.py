@@ -23,6 +23,7 @@ import os
 import random
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -215,17 +216,32 @@ class SQLiteFrontier(Scheduler):
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise FrontierError(f"cannot create database {path!r}: directory {parent!r} missing")
-        try:
-            self._db = sqlite3.connect(
-                path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1e3
-            )
-            self._db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=OFF")
-            self._migrate()
-        except sqlite3.DatabaseError as exc:
-            raise FrontierError(f"cannot open crawl database {path!r}: {exc}") from exc
+        deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1e3
+        while True:
+            try:
+                self._db = sqlite3.connect(
+                    path,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    timeout=_BUSY_TIMEOUT_MS / 1e3,
+                )
+                self._db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA foreign_keys=OFF")
+                self._migrate()
+                break
+            except sqlite3.OperationalError as exc:
+                # Processes opening a new file together: switching it to WAL and migrating
+                # need its exclusive lock, and SQLite answers "locked" at once (no busy wait)
+                # where waiting could deadlock. Another process is doing it: try again.
+                self._db.close()
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise FrontierError(f"cannot open crawl database {path!r}: {exc}") from exc
+                time.sleep(0.05)
+            except sqlite3.DatabaseError as exc:
+                self._db.close()
+                raise FrontierError(f"cannot open crawl database {path!r}: {exc}") from exc
         self._lock = threading.Lock()
         self._rng = rng if rng is not None else random.Random()
 
