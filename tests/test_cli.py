@@ -262,3 +262,10 @@ def test_config_file_and_flags_set_host_overrides(shop: ShopServer, tmp_path: Pa
     assert host is not None and host["delay"] == 0.01 and host["max_in_flight"] == 2
     res = run_cli("crawl", "--db", str(db), "--host-delay", "nonsense")
     _assert_one_line_error(res, "--host-delay takes HOST=VALUE")
+
+
+@pytest.mark.parametrize("command", ["demo", "testsite", "chaos"])
+def test_shop_sizes_must_be_positive(command: str) -> None:
+    res = run_cli(command, "--listings", "0")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "'0' must be at least 1" in res.stderr

@@ -24,6 +24,14 @@ def count(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    """A whole number >= 1 (sizes for which 0 would be nonsense: listings, products per page)."""
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """Like :func:`count`, for numbers that are not counts (ports, cursors, hops)."""
     try:

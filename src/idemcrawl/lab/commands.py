@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from idemcrawl.argtypes import UsageError, count, seconds
+from idemcrawl.argtypes import UsageError, count, positive, seconds
 
 __all__ = ["COMMANDS", "add_parsers", "run_own_parser"]
 
@@ -46,8 +46,8 @@ def add_parsers(sub: Any) -> None:
     )
     t.add_argument("--host", default="127.0.0.1")
     t.add_argument("--port", type=count, default=8000, help="shop port (default %(default)s)")
-    t.add_argument("--listings", type=count, default=25)
-    t.add_argument("--per-page", type=count, default=20)
+    t.add_argument("--listings", type=positive, default=25)
+    t.add_argument("--per-page", type=positive, default=20)
     t.add_argument("--latency-ms", type=seconds, default=0.0)
 
     d = sub.add_parser(
@@ -57,8 +57,8 @@ def add_parsers(sub: Any) -> None:
         "the shop spider into --db and print the stored records.",
     )
     d.add_argument("--db", default="demo.db")
-    d.add_argument("--listings", type=count, default=5)
-    d.add_argument("--per-page", type=count, default=10)
+    d.add_argument("--listings", type=positive, default=5)
+    d.add_argument("--per-page", type=positive, default=10)
     d.add_argument(
         "--port",
         type=count,
@@ -92,8 +92,8 @@ def add_parsers(sub: Any) -> None:
         default=None,
         help="server latency per request (default 25 ms x concurrency)",
     )
-    k.add_argument("--listings", type=count, default=25)
-    k.add_argument("--per-page", type=count, default=20)
+    k.add_argument("--listings", type=positive, default=25)
+    k.add_argument("--per-page", type=positive, default=20)
     k.add_argument("--skip-naive", action="store_true")
     k.add_argument("--json", action="store_true")
 
