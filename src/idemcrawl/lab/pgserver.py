@@ -1,0 +1,163 @@
+"""Throw-away PostgreSQL servers on loopback ports, for tests and benchmarks of a fleet.
+
+A partitioned frontier (issue 15) spreads a crawl over several PostgreSQL servers; its tests must
+start those servers themselves and stop them, on any machine that has the server binaries
+(Debian's ``postgresql`` package puts them in ``/usr/lib/postgresql/VERSION/bin``), without
+touching the machine's own cluster. Each :class:`PgServer` is a fresh ``initdb`` data directory
+in a temporary directory, listening on 127.0.0.1 only (and a socket in that directory), trust
+authentication, durability settings off (a test server is thrown away, so ``fsync`` buys
+nothing), started and stopped with ``pg_ctl``.
+
+``initdb`` refuses to run as root: as root, the server runs as the ``postgres`` system user and
+its directory belongs to that user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["PgServer", "PgServerError", "find_bin_dir"]
+
+
+class PgServerError(RuntimeError):
+    """A test server could not be made, started or stopped (with what the tool said)."""
+
+
+def find_bin_dir() -> Path | None:
+    """The newest PostgreSQL server bin directory on this machine (``IDEMCRAWL_PG_BIN`` wins)."""
+    env = os.environ.get("IDEMCRAWL_PG_BIN")
+    if env:
+        return Path(env) if (Path(env) / "initdb").exists() else None
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name)
+        if Path(p).parent.parent.name.isdigit()
+        else 0,
+    )
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PgServer:
+    """One PostgreSQL server of its own: ``start()``, then ``dsn``; ``stop()`` removes it all."""
+
+    def __init__(self, bin_dir: Path | None = None, *, port: int | None = None) -> None:
+        found = bin_dir or find_bin_dir()
+        if found is None:
+            raise PgServerError("no PostgreSQL server binaries (initdb, pg_ctl) on this machine")
+        self.bin_dir = found
+        self.port = port or _free_port()
+        self.root: Path | None = None
+        self._user: str | None = None
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def data_dir(self) -> Path:
+        assert self.root is not None, "start() the server first"
+        return self.root / "data"
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / args[0]), *args[1:]]
+        if self._user is not None:
+            cmd = ["runuser", "-u", self._user, "--", *cmd]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except OSError as exc:
+            raise PgServerError(f"{args[0]} could not run: {exc}") from exc
+        if res.returncode != 0:
+            raise PgServerError(
+                f"{args[0]} failed ({res.returncode}): {(res.stderr or res.stdout).strip()[-800:]}"
+            )
+        return res
+
+    def start(self) -> PgServer:
+        self.root = Path(tempfile.mkdtemp(prefix="idemcrawl-pg-"))
+        if os.geteuid() == 0:
+            self._user = "postgres"
+            pw = pwd.getpwnam(self._user)
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+        try:
+            self._run(
+                "initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
+                "--no-sync", "-E", "UTF8", "--locale=C",
+            )  # fmt: skip
+            options = (
+                f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                "-c max_connections=60 -c shared_buffers=32MB"
+            )
+            self._run(
+                "pg_ctl", "-D", str(self.data_dir), "-o", options, "-l",
+                str(self.root / "server.log"), "-w", "-t", "60", "start",
+            )  # fmt: skip
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server at once (clients are disconnected) and remove its directory."""
+        if self.root is None:
+            return
+        with contextlib.suppress(PgServerError, subprocess.TimeoutExpired):
+            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+        self._remove()
+
+    def pause(self) -> None:
+        """Stop the server but keep its data: ``resume()`` starts it again (outage tests)."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+            "-c max_connections=60 -c shared_buffers=32MB"
+        )
+        self._run(
+            "pg_ctl", "-D", str(self.data_dir), "-o", options, "-l",
+            str(self.data_dir.parent / "server.log"), "-w", "-t", "60", "start",
+        )  # fmt: skip
+
+    def _remove(self) -> None:
+        if self.root is not None:
+            for _ in range(5):
+                try:
+                    shutil.rmtree(self.root)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            self.root = None
+
+    def __enter__(self) -> PgServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
