@@ -1,0 +1,268 @@
+"""What the database itself spends on the frontier's work: server CPU, statements, round trips.
+
+``bench frontier`` times the frontier from the client; this module measures the other side.
+
+**Server CPU (PostgreSQL on this machine).** A PostgreSQL backend serves exactly one connection
+and works only while its client waits for an answer (the frontier's calls are synchronous: the
+client sends, then blocks until ``ReadyForQuery``). So reading the backend's CPU time just before
+and just after each frontier call attributes that backend's CPU to that call *exactly*, with no
+need for separate lease-only and complete-only phases, and with any number of client processes
+running at once (each reads only its own backend). The backend is named by
+``PostgresFrontier.backend_pid``; its CPU time is ``/proc/<pid>/schedstat``'s first field, the
+kernel's ``sum_exec_runtime`` in nanoseconds (the same quantity ``/proc/<pid>/stat`` reports as
+utime + stime, but in ns rather than 10 ms ticks, so one call's share is not rounded away); where
+schedstat is missing, ``stat``'s utime + stime is used. ``pg_stat_statements`` would attribute
+time per statement, but it only works when preloaded at server start
+(``shared_preload_libraries``), which a benchmark cannot require of a shared server.
+
+A pid could name another process when the server lives in another PID namespace (a container),
+so the server counts as *local* only when ``/proc/<pid>`` is a ``postgres`` process that started
+when ``pg_stat_activity`` says that backend started; otherwise server CPU is not reported.
+
+The server's auxiliary processes (WAL writer, checkpointer, background writer, autovacuum, the
+postmaster) work for every client of the server at once: their CPU over the measured phase is
+reported beside the backends' as a server-wide figure, exact for the processes but shared with
+any other client of the same server.
+
+**Statements and round trips.** For PostgreSQL, the frontier's connection is traced with libpq's
+``PQtrace`` (psycopg's ``PGconn.trace``) around one call, and the wire messages are counted: a
+*statement* is an ``Execute`` (extended protocol) or a ``Query`` (simple protocol: psycopg's
+BEGIN and COMMIT); a *round trip* is a ``ReadyForQuery`` from the server, the end of one request
+cycle the client waited for (one per ``Sync`` or ``Query``, so a pipeline of several statements
+is one). Counting on the wire sees whatever the frontier does (cursors, pipelines, executemany,
+COPY) without knowing its code. Tracing prints every message, which is slow, so only a few calls
+made after the timed phase are traced. For SQLite (no server, no round trips) the statements are
+counted with ``sqlite3``'s trace callback, which fires once per statement execution.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+__all__ = [
+    "CPU_SOURCE",
+    "ServerProcesses",
+    "WireCount",
+    "count_pg_wire",
+    "count_sqlite_statements",
+    "cpu_ns",
+    "find_connection",
+]
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _schedstat_ns(pid: int) -> int:
+    with open(f"/proc/{pid}/schedstat", "rb") as f:
+        return int(f.read().split()[0])
+
+
+def _stat_fields(pid: int) -> tuple[str, list[str]]:
+    """The command name and the fields after it (the name may contain spaces and parentheses)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        raw = f.read().decode(errors="replace")
+    return raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
+
+
+def _stat_cpu_ns(pid: int) -> int:
+    _, rest = _stat_fields(pid)
+    # rest[0] is field 3 (state): utime and stime are fields 14 and 15.
+    return (int(rest[11]) + int(rest[12])) * 1_000_000_000 // _CLK_TCK
+
+
+def _pick_source() -> tuple[str, Callable[[int], int]]:
+    try:
+        _schedstat_ns(os.getpid())
+        return "/proc/<pid>/schedstat", _schedstat_ns
+    except (OSError, ValueError, IndexError):
+        return "/proc/<pid>/stat utime+stime", _stat_cpu_ns
+
+
+#: Where CPU times are read on this machine.
+CPU_SOURCE, _read_cpu = _pick_source()
+
+
+def cpu_ns(pid: int) -> int | None:
+    """CPU time (user + system) process ``pid`` has used, in ns; None once it is gone."""
+    try:
+        return _read_cpu(pid)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _started_at(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time, about 1 s precision: ``btime`` is whole)."""
+    try:
+        _, rest = _stat_fields(pid)
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return btime + int(rest[19]) / _CLK_TCK
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(_stat_fields(pid)[1][1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ServerProcesses:
+    """The PostgreSQL server's processes as seen from this machine, through one own connection.
+
+    ``local`` is False (and every figure None) when the server's processes are not visible
+    here: another machine, another PID namespace, or no ``/proc``.
+    """
+
+    def __init__(self, dsn: str, backend_pid: int | None) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(dsn, autocommit=True, application_name="idemcrawl-bench")
+        self.local = backend_pid is not None and self._is_local(backend_pid)
+        self.postmaster = _parent(backend_pid) if self.local and backend_pid is not None else None
+
+    def _is_local(self, pid: int) -> bool:
+        row = self._conn.execute(
+            "SELECT backend_start FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+        if row is None or not isinstance(row[0], datetime):
+            return False
+        try:
+            name, _ = _stat_fields(pid)
+        except (OSError, ValueError):
+            return False
+        started = _started_at(pid)
+        return (
+            name in ("postgres", "postmaster")
+            and started is not None
+            and abs(started - row[0].timestamp()) < 2.0
+        )
+
+    def auxiliary(self) -> dict[int, str]:
+        """pid -> kind of every server process that is not a client backend (and the
+        postmaster): the ones that work for all clients at once."""
+        if not self.local:
+            return {}
+        rows = self._conn.execute(
+            "SELECT pid, backend_type FROM pg_stat_activity WHERE backend_type <> 'client backend'"
+        ).fetchall()
+        aux = {int(pid): str(kind) for pid, kind in rows if pid is not None}
+        if self.postmaster is not None:
+            aux[self.postmaster] = "postmaster"
+        return aux
+
+    def cpu(self, pids: dict[int, str]) -> dict[int, int]:
+        """CPU ns of each of ``pids`` still alive."""
+        out: dict[int, int] = {}
+        for pid in pids:
+            ns = cpu_ns(pid)
+            if ns is not None:
+                out[pid] = ns
+        return out
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def cpu_delta_ns(before: dict[int, int], after: dict[int, int]) -> int:
+    """CPU used between two ``cpu`` readings by the processes present in both."""
+    return sum(after[pid] - ns for pid, ns in before.items() if pid in after)
+
+
+def find_connection(obj: object, kind: type) -> Any:
+    """The ``kind`` connection an object holds in one of its attributes, or None.
+
+    A frontier keeps its connection private; looking it up by type rather than by attribute
+    name keeps the benchmark working while the frontier's internals change.
+    """
+    for value in vars(obj).values():
+        if isinstance(value, kind):
+            return value
+    return None
+
+
+@dataclass
+class WireCount:
+    """Protocol messages of the traced calls (PostgreSQL) or statements run (SQLite)."""
+
+    calls: int = 0
+    #: What the calls handled (grants for lease calls, pages for completion batches).
+    items: int = 0
+    statements: int = 0
+    #: None for SQLite: it runs in the process, nothing travels.
+    round_trips: int | None = None
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+
+    def add(self, other: WireCount) -> None:
+        self.calls += other.calls
+        self.items += other.items
+        self.statements += other.statements
+        if other.round_trips is not None:
+            self.round_trips = (self.round_trips or 0) + other.round_trips
+            self.bytes_sent = (self.bytes_sent or 0) + (other.bytes_sent or 0)
+            self.bytes_received = (self.bytes_received or 0) + (other.bytes_received or 0)
+
+
+def parse_trace(lines: list[str]) -> WireCount:
+    """Count statements, round trips and bytes in a libpq trace (one message per line:
+    direction, length, message type, contents; see the module doc for the definitions)."""
+    count = WireCount(calls=1, round_trips=0, bytes_sent=0, bytes_received=0)
+    for line in lines:
+        parts = line.split("\t", 3)
+        if len(parts) < 3 or parts[0] not in ("F", "B"):
+            continue
+        kind = parts[2].split(" ", 1)[0]
+        size = int(parts[1]) if parts[1].isdigit() else 0
+        if parts[0] == "F":
+            count.bytes_sent = (count.bytes_sent or 0) + size
+            if kind in ("Execute", "Query"):
+                count.statements += 1
+        else:
+            count.bytes_received = (count.bytes_received or 0) + size
+            if kind == "ReadyForQuery":
+                count.round_trips = (count.round_trips or 0) + 1
+    return count
+
+
+@contextlib.contextmanager
+def count_pg_wire(conn: Any) -> Iterator[WireCount]:
+    """Trace ``conn`` (a psycopg connection) for the duration of the block; the yielded count
+    is filled in when the block ends."""
+    from psycopg import pq
+
+    result = WireCount()
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as f:
+        pgconn = conn.pgconn
+        pgconn.trace(f.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield result
+        finally:
+            pgconn.untrace()  # flushes what libpq buffered
+            f.seek(0)
+            counted = parse_trace(f.read().splitlines())
+    result.add(counted)
+
+
+@contextlib.contextmanager
+def count_sqlite_statements(conn: sqlite3.Connection) -> Iterator[WireCount]:
+    """Count the statements ``conn`` runs during the block (its trace callback)."""
+    result = WireCount(calls=1)
+
+    def seen(_statement: str) -> None:
+        result.statements += 1
+
+    conn.set_trace_callback(seen)
+    try:
+        yield result
+    finally:
+        conn.set_trace_callback(None)
