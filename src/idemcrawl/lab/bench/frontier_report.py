@@ -279,8 +279,8 @@ class FrontierCurveReport:
             head,
             "| processes | grants/s (all) | completions/s (all) | x 1 process | grants/s per "
             "process in lease | completions/s per process in complete | server ms/1k grants | "
-            "server ms/1k completions | empty leases |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "server ms/1k completions | client ms/1k pages | empty leases |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         base = first.aggregate_grants_per_s
         for r in self.runs:
@@ -290,6 +290,7 @@ class FrontierCurveReport:
                 f"{r.aggregate_completions_per_s:,.0f} | {ratio:.2f} | {r.grants_per_s:,.0f} | "
                 f"{r.completions_per_s:,.0f} | {_fmt(r.cost.server_ms_per_1k_grants)} | "
                 f"{_fmt(r.cost.server_ms_per_1k_completions)} | "
+                f"{r.cost.client_ms_per_1k_grants + r.cost.client_ms_per_1k_completions:,.1f} | "
                 f"{sum(p.empty_leases for p in r.per_process)} |"
             )
         return "\n".join(rows)
