@@ -103,6 +103,33 @@ def test_parse_trace_counts_statements_round_trips_and_bytes() -> None:
     assert c.bytes_received == 10 + 5 + 4 + 13 + 13 + 5 + 5
 
 
+def test_parse_trace_times_round_trips_by_statement() -> None:
+    trace = [
+        '2026-01-01 10:00:00.000000\tF\t10\tQuery\t "BEGIN"',
+        "2026-01-01 10:00:00.001000\tB\t5\tReadyForQuery\t T",
+        # a statement prepared before the trace began: only its name travels
+        '2026-01-01 10:00:00.002000\tF\t28\tBind\t "" "_pg3_1" 1 1 1 2 \'\\x00\\x05\' 1 0',
+        '2026-01-01 10:00:00.002000\tF\t9\tExecute\t "" 0',
+        "2026-01-01 10:00:00.002000\tF\t4\tSync",
+        "2026-01-01 10:00:00.032000\tB\t5\tReadyForQuery\t T",
+        # prepared now, inside the trace; libpq prints the SQL's own quotes as they are
+        '2026-01-01 10:00:00.040000\tF\t40\tParse\t "_pg3_2" "UPDATE "h" SET a = $1" 1 NNNN',
+        '2026-01-01 10:00:00.040000\tF\t28\tBind\t "" "_pg3_2" 1 1 1 2 \'\\x00\\x05\' 1 0',
+        '2026-01-01 10:00:00.040000\tF\t9\tExecute\t "" 0',
+        "2026-01-01 10:00:00.040000\tF\t4\tSync",
+        "2026-01-01 10:00:00.045000\tB\t5\tReadyForQuery\t T",
+    ]
+    c = dbcost.parse_trace(trace, {"_pg3_1": "SELECT   host_key\n FROM hosts"})
+    assert (c.statements, c.round_trips) == (3, 3)
+    slowest = c.slowest()
+    assert [(sql, n) for sql, n, _ in slowest] == [
+        ("SELECT host_key FROM hosts", 1),
+        ('UPDATE "h" SET a = $1', 1),
+        ("BEGIN", 1),
+    ]
+    assert [round(ms) for _, _, ms in slowest] == [30, 5, 1]
+
+
 def test_cli_process_curve_prints_one_row_per_count(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "frontier", "--hosts", "40", "--urls-per-host", "2", "--completions", "60"]
     assert main([*argv, "--processes", "1,2", "--json"]) == 0
@@ -184,6 +211,12 @@ def test_postgres_cost_from_the_server_processes_and_the_wire(pg_dsn: str) -> No
         c.round_trips_per_lease_call / 8 + c.round_trips_per_completion_batch / 8
     )
     assert c.wire_bytes_per_page is not None and c.wire_bytes_per_page > 100
+    # the statements the calls' time went to, by their SQL (prepared ones too)
+    assert c.slowest_in_lease and c.slowest_in_completion
+    assert all(
+        sql.split()[0] in ("SELECT", "UPDATE", "INSERT", "WITH", "BEGIN", "COMMIT", "DELETE", "SET")
+        for sql, _, _ in c.slowest_in_lease
+    )
     assert "server CPU" in r.text() and "round trips" in r.text()
     _assert_schema_dropped(pg_dsn, logged)
 

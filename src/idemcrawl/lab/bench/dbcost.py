@@ -42,7 +42,7 @@ import os
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -54,9 +54,13 @@ __all__ = [
     "count_sqlite_statements",
     "cpu_ns",
     "find_connection",
+    "parse_trace",
+    "prepared_statements",
 ]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: A statement's SQL is named by its first this many characters.
+_LABEL_CHARS = 90
 
 
 def _schedstat_ns(pid: int) -> int:
@@ -201,6 +205,9 @@ class WireCount:
     round_trips: int | None = None
     bytes_sent: int | None = None
     bytes_received: int | None = None
+    #: Round trips and their milliseconds, keyed by the first statement each carried (its
+    #: SQL, whitespace collapsed, cut short): where the calls' time goes, statement by statement.
+    by_statement: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, other: WireCount) -> None:
         self.calls += other.calls
@@ -210,46 +217,129 @@ class WireCount:
             self.round_trips = (self.round_trips or 0) + other.round_trips
             self.bytes_sent = (self.bytes_sent or 0) + (other.bytes_sent or 0)
             self.bytes_received = (self.bytes_received or 0) + (other.bytes_received or 0)
+        for label, (n, ms) in other.by_statement.items():
+            mine = self.by_statement.setdefault(label, [0, 0.0])
+            mine[0] += n
+            mine[1] += ms
+
+    def slowest(self, n: int = 3) -> list[tuple[str, float, float]]:
+        """The ``n`` statements taking most time: (SQL, round trips per call, ms per call)."""
+        calls = max(self.calls, 1)
+        ranked = sorted(self.by_statement.items(), key=lambda kv: -kv[1][1])[:n]
+        return [(label, count / calls, ms / calls) for label, (count, ms) in ranked]
 
 
-def parse_trace(lines: list[str]) -> WireCount:
-    """Count statements, round trips and bytes in a libpq trace (one message per line:
-    direction, length, message type, contents; see the module doc for the definitions)."""
+def _sql_label(sql: str, more: int) -> str:
+    text = " ".join(sql.split())
+    text = text if len(text) <= _LABEL_CHARS else text[: _LABEL_CHARS - 1] + "…"
+    return text + (f" (+{more} more in the round trip)" if more else "")
+
+
+def _parse_sql(kind: str, content: str) -> tuple[str | None, str | None]:
+    """(prepared name, SQL) of a Parse message, (None, SQL) of a Query, else (None, None).
+
+    The contents read ``"name" "sql" nparams oids…`` (a Parse) or ``"sql"`` (a Query); the
+    name never holds a quote, the SQL may, so the SQL runs to the last quote.
+    """
+    if kind == "Parse":
+        parts = content.split('"', 3)
+        if len(parts) == 4:
+            return parts[1], parts[3].rsplit('"', 1)[0]
+    elif kind == "Query":
+        return None, content.strip().removeprefix('"').removesuffix('"')
+    return None, None
+
+
+def _timestamp(text: str) -> float | None:
+    try:
+        return datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_trace(lines: list[str], prepared: dict[str, str] | None = None) -> WireCount:
+    """Count statements, round trips and bytes in a libpq trace (one message per line: an
+    optional timestamp, direction, length, message type, contents; see the module doc).
+
+    With timestamps, each round trip is timed from its first message out to the server's
+    ``ReadyForQuery`` and charged to the first statement it carried (a prepared statement's
+    later ``Bind`` is known by its name, from ``prepared`` or a ``Parse`` seen before).
+    """
     count = WireCount(calls=1, round_trips=0, bytes_sent=0, bytes_received=0)
+    prepared = dict(prepared or {})
+    cycle_start: float | None = None
+    cycle_sql: list[str] = []
     for line in lines:
-        parts = line.split("\t", 3)
+        parts = line.split("\t", 4)
+        stamp = None
+        if parts and parts[0] not in ("F", "B"):
+            stamp = _timestamp(parts[0])
+            parts = parts[1:]
         if len(parts) < 3 or parts[0] not in ("F", "B"):
             continue
-        kind = parts[2].split(" ", 1)[0]
-        size = int(parts[1]) if parts[1].isdigit() else 0
-        if parts[0] == "F":
-            count.bytes_sent = (count.bytes_sent or 0) + size
+        direction, size, kind = parts[0], parts[1], parts[2].split(" ", 1)[0]
+        content = parts[3] if len(parts) > 3 else ""
+        nbytes = int(size) if size.isdigit() else 0
+        if direction == "F":
+            count.bytes_sent = (count.bytes_sent or 0) + nbytes
+            if cycle_start is None:
+                cycle_start = stamp
             if kind in ("Execute", "Query"):
                 count.statements += 1
-        else:
-            count.bytes_received = (count.bytes_received or 0) + size
-            if kind == "ReadyForQuery":
-                count.round_trips = (count.round_trips or 0) + 1
+            name, sql = _parse_sql(kind, content)
+            if sql is not None:
+                if name:
+                    prepared[name] = sql
+                cycle_sql.append(sql)
+            elif kind == "Bind":
+                bound = content.split('"', 4)
+                if len(bound) >= 4 and bound[3] in prepared:
+                    cycle_sql.append(prepared[bound[3]])
+            continue
+        count.bytes_received = (count.bytes_received or 0) + nbytes
+        if kind != "ReadyForQuery":
+            continue
+        count.round_trips = (count.round_trips or 0) + 1
+        if cycle_start is not None and stamp is not None and cycle_sql:
+            unique = list(dict.fromkeys(cycle_sql))
+            label = _sql_label(unique[0], len(unique) - 1)
+            entry = count.by_statement.setdefault(label, [0, 0.0])
+            entry[0] += 1
+            entry[1] += (stamp - cycle_start) * 1e3
+        cycle_start, cycle_sql = None, []
     return count
+
+
+def prepared_statements(conn: Any) -> dict[str, str]:
+    """The session's prepared statements (name -> SQL), read on ``conn`` between two calls.
+
+    psycopg prepares a statement once it has run a few times, and from then on only binds it
+    by name: a trace taken later sees the name, not the SQL.
+    """
+    rows = conn.execute("SELECT name, statement FROM pg_prepared_statements", prepare=False)
+    names = {str(name): str(sql) for name, sql in rows.fetchall()}
+    conn.rollback()  # the frontier's connection is left as it was: outside a transaction
+    return names
 
 
 @contextlib.contextmanager
 def count_pg_wire(conn: Any) -> Iterator[WireCount]:
-    """Trace ``conn`` (a psycopg connection) for the duration of the block; the yielded count
-    is filled in when the block ends."""
+    """Trace ``conn`` (a psycopg connection, between two transactions) for the duration of the
+    block; the yielded count is filled in when the block ends."""
     from psycopg import pq
 
     result = WireCount()
+    prepared = prepared_statements(conn)
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as f:
         pgconn = conn.pgconn
         pgconn.trace(f.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        pgconn.set_trace_flags(pq.Trace.REGRESS_MODE)  # timestamps kept: they time statements
         try:
             yield result
         finally:
             pgconn.untrace()  # flushes what libpq buffered
             f.seek(0)
-            counted = parse_trace(f.read().splitlines())
+            counted = parse_trace(f.read().splitlines(), prepared)
     result.add(counted)
 
 

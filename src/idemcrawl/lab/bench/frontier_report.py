@@ -81,6 +81,10 @@ class DbCost:
     statements_per_page: float | None = None
     round_trips_per_page: float | None = None
     wire_bytes_per_page: float | None = None
+    #: The statements that took most of the traced calls' time, per call: [SQL, round trips,
+    #: milliseconds] (PostgreSQL; client-side wall time of each round trip, from the trace).
+    slowest_in_lease: list[tuple[str, float, float]] = field(default_factory=list)
+    slowest_in_completion: list[tuple[str, float, float]] = field(default_factory=list)
 
     @classmethod
     def of(cls, figures: list[ProcessFigures], aux_s: float | None, aux_kinds: list[str]) -> DbCost:
@@ -141,6 +145,8 @@ class DbCost:
             lease_bytes = (leased.bytes_sent or 0) + (leased.bytes_received or 0)
             done_bytes = (completed.bytes_sent or 0) + (completed.bytes_received or 0)
             self.wire_bytes_per_page = lease_bytes / leased.items + done_bytes / completed.items
+            self.slowest_in_lease = leased.slowest()
+            self.slowest_in_completion = completed.slowest()
 
 
 @dataclass
@@ -254,6 +260,10 @@ def _cost_lines(c: DbCost) -> list[str]:
             )
             + f" ({c.counted_lease_calls} + {c.counted_completion_batches} calls traced)"
         )
+    for what, slowest in (("lease call", c.slowest_in_lease), ("batch", c.slowest_in_completion)):
+        if slowest:
+            lines.append(f"  slowest statements per {what} (round trips, ms):")
+            lines += [f"    {n:>6,.1f} {ms:>9,.1f} ms  {sql}" for sql, n, ms in slowest]
     return lines
 
 
