@@ -233,3 +233,31 @@ def test_postgres_processes_each_have_their_own_backend(pg_dsn: str) -> None:
     assert r.cost.server_cpu_lease_s == pytest.approx(total)
     assert r.aggregate_completions_per_s == pytest.approx(120 / r.concurrent_s)
     _assert_schema_dropped(pg_dsn, logged)
+
+
+def test_cli_sizes_default_to_the_curve_size_for_a_curve(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idemcrawl.lab.bench import frontier as bench_frontier
+
+    seen: list[tuple[FrontierBenchOptions, tuple[int, ...]]] = []
+
+    def fake_curve(opts: FrontierBenchOptions, processes: tuple[int, ...], log: object) -> object:
+        seen.append((opts, processes))
+        return bench_frontier.FrontierCurveReport([])
+
+    def fake_bench(opts: FrontierBenchOptions, log: object) -> object:
+        seen.append((opts, (opts.processes,)))
+        return bench_frontier.FrontierCurveReport([])
+
+    monkeypatch.setattr(bench_frontier, "run_frontier_curve", fake_curve)
+    monkeypatch.setattr(bench_frontier, "run_frontier_bench", fake_bench)
+    assert main(["bench", "frontier", "--processes", "1,2,4,8"]) == 0
+    assert main(["bench", "frontier", "--processes", "1,2", "--hosts", "7"]) == 0
+    assert main(["bench", "frontier", "--processes", "3"]) == 0
+    capsys.readouterr()
+    curve, curve_hosts, single = seen
+    assert (curve[0].hosts, curve[0].urls_per_host, curve[0].completions) == (10_000, 10, 20_000)
+    assert curve[1] == (1, 2, 4, 8)
+    assert (curve_hosts[0].hosts, curve_hosts[0].urls_per_host) == (7, 10)
+    assert single[0] == FrontierBenchOptions(processes=3)  # the benchmark's own defaults

@@ -255,6 +255,8 @@ def _process_counts(text: str) -> tuple[int, ...]:
 
 
 def _bench_frontier(a: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from idemcrawl.lab.bench.frontier import (
         CURVE_SIZE,
         FrontierBenchOptions,
@@ -263,10 +265,11 @@ def _bench_frontier(a: argparse.Namespace) -> int:
     )
 
     curve = len(a.processes) > 1
-    size = dict(CURVE_SIZE) if curve else {"hosts": 1000, "urls_per_host": 20, "completions": None}
+    # Sizes not given are the benchmark's own defaults, or the curve's when several counts are.
+    size: dict[str, Any] = dict(CURVE_SIZE) if curve else {}
     given = {"hosts": a.hosts, "urls_per_host": a.urls_per_host, "completions": a.completions}
     size.update({k: v for k, v in given.items() if v is not None})
-    opts = FrontierBenchOptions(db=a.db, processes=a.processes[0], **size)  # type: ignore[arg-type]
+    opts = replace(FrontierBenchOptions(db=a.db, processes=a.processes[0]), **size)
     try:
         report: Any = (
             run_frontier_curve(opts, a.processes, log=_stderr)

@@ -22,7 +22,8 @@ when ``pg_stat_activity`` says that backend started; otherwise server CPU is not
 The server's auxiliary processes (WAL writer, checkpointer, background writer, autovacuum, the
 postmaster) work for every client of the server at once: their CPU over the measured phase is
 reported beside the backends' as a server-wide figure, exact for the processes but shared with
-any other client of the same server.
+any other client of the same server (and blind to processes that start during the phase, such
+as autovacuum workers).
 
 **Statements and round trips.** For PostgreSQL, the frontier's connection is traced with libpq's
 ``PQtrace`` (psycopg's ``PGconn.trace``) around one call, and the wire messages are counted: a
@@ -31,8 +32,11 @@ BEGIN and COMMIT); a *round trip* is a ``ReadyForQuery`` from the server, the en
 cycle the client waited for (one per ``Sync`` or ``Query``, so a pipeline of several statements
 is one). Counting on the wire sees whatever the frontier does (cursors, pipelines, executemany,
 COPY) without knowing its code. Tracing prints every message, which is slow, so only a few calls
-made after the timed phase are traced. For SQLite (no server, no round trips) the statements are
-counted with ``sqlite3``'s trace callback, which fires once per statement execution.
+made after the timed phase are traced. The trace's timestamps also time each round trip (first
+message out to ``ReadyForQuery``, as the client sees it) and charge it to the SQL of its first
+statement: where a call's time goes, statement by statement, without ``pg_stat_statements``.
+For SQLite (no server, no round trips) the statements are counted with ``sqlite3``'s trace
+callback, which fires once per statement execution.
 """
 
 from __future__ import annotations
