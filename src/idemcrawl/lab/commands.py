@@ -104,12 +104,42 @@ def add_parsers(sub: Any) -> None:
         help="lease and completion throughput of a frontier backend",
         description="Drive a frontier backend directly (no HTTP) with politeness on (1 in "
         "flight per host): URLs added/s, lease grants/s, completions/s (each with 1 record, "
-        "10 new links and 1 event), bytes on disk per URL and peak RSS.",
+        "10 new links and 1 event), bytes on disk per URL and peak RSS; on PostgreSQL also "
+        "the server's CPU per 1,000 grants and completions, and statements and round trips "
+        "per page. With several --processes, the grants/s curve against the number of crawl "
+        "processes.",
     )
-    bf.add_argument("--db", default="sqlite", help="'sqlite' (a temp file) or a postgresql:// URL")
-    bf.add_argument("--hosts", type=count, default=1000)
-    bf.add_argument("--urls-per-host", type=count, default=20)
-    bf.add_argument("--completions", type=count, default=None)
+    bf.add_argument(
+        "--db", default="sqlite", help="'sqlite' (a temp file), 'memory:' or a postgresql:// URL"
+    )
+    bf.add_argument(
+        "--hosts",
+        type=count,
+        default=None,
+        help="hosts seeded (default 1000; 10000 for a curve)",
+    )
+    bf.add_argument(
+        "--urls-per-host",
+        type=count,
+        default=None,
+        help="URLs seeded per host (default 20; 10 for a curve)",
+    )
+    bf.add_argument(
+        "--completions",
+        type=count,
+        default=None,
+        help="completions measured, shared among the processes (default one per seeded URL; "
+        "20000 for a curve)",
+    )
+    bf.add_argument(
+        "--processes",
+        type=_process_counts,
+        default=(1,),
+        metavar="N[,N...]",
+        help="client processes leasing and completing at once on the one database (default "
+        "1); a list such as 1,2,4,8 runs once per value on a fresh frontier and prints the "
+        "curve",
+    )
     bf.add_argument("--json", action="store_true")
     bsub.add_parser(
         "crawl",
@@ -216,19 +246,45 @@ def cmd_chaos(a: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _process_counts(text: str) -> tuple[int, ...]:
+    """``N`` or a comma-separated list of process counts, each at least 1."""
+    values = tuple(count(part.strip()) for part in text.split(","))
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: process counts must be at least 1")
+    return values
+
+
+def _bench_frontier(a: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from idemcrawl.lab.bench.frontier import (
+        CURVE_SIZE,
+        FrontierBenchOptions,
+        run_frontier_bench,
+        run_frontier_curve,
+    )
+
+    curve = len(a.processes) > 1
+    # Sizes not given are the benchmark's own defaults, or the curve's when several counts are.
+    size: dict[str, Any] = dict(CURVE_SIZE) if curve else {}
+    given = {"hosts": a.hosts, "urls_per_host": a.urls_per_host, "completions": a.completions}
+    size.update({k: v for k, v in given.items() if v is not None})
+    opts = replace(FrontierBenchOptions(db=a.db, processes=a.processes[0]), **size)
+    try:
+        report: Any = (
+            run_frontier_curve(opts, a.processes, log=_stderr)
+            if curve
+            else run_frontier_bench(opts, log=_stderr)
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(report.as_dict()) if a.json else report.text())
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     if a.bench_command == "frontier":
-        from idemcrawl.lab.bench.frontier import FrontierBenchOptions, run_frontier_bench
-
-        opts = FrontierBenchOptions(
-            db=a.db, hosts=a.hosts, urls_per_host=a.urls_per_host, completions=a.completions
-        )
-        try:
-            report = run_frontier_bench(opts, log=_stderr)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        print(json.dumps(report.as_dict()) if a.json else report.text())
-        return 0
+        return _bench_frontier(a)
     if a.bench_command == "discovery":
         from idemcrawl.lab.bench.discovery import run_discovery_bench
 
