@@ -115,6 +115,7 @@ def test_no_config_file_flags_only(tmp_path: Path) -> None:
         ({"db": "DB", "seeds": [SEED], "allow_private": ["nope"]}, FlagLists(), "'nope'"),
         ({"db": "DB", "seeds": [SEED], "commit_seconds": 5}, FlagLists(), "--commit-seconds"),
         ({"db": "DB", "concurrency": 0, "seeds": [SEED]}, FlagLists(), "--concurrency must"),
+        ({"db": "DB", "fast_latency": -1, "seeds": [SEED]}, FlagLists(), "--fast-latency must"),
         ({"db": "DB", "speed": 3}, FlagLists(), "unknown setting(s): speed"),
     ],
 )

@@ -24,6 +24,26 @@ def test_a_slow_host_is_still_slowed_down() -> None:
     assert effective_delay(0.0, None, 30.0, 1.0, ADAPTIVE, allowance=halved) == pytest.approx(0.5)
 
 
+FAST = HostPolicy(latency_factor=2.0, fast_latency=0.1, max_adaptive_delay=60.0)
+
+
+def test_a_fast_host_adds_no_adaptive_gap() -> None:
+    # Answers within fast_latency: the host is not straining; only concurrency limits it.
+    assert effective_delay(0.0, None, 30.0, 0.010, FAST, allowance=8) == 0.0
+    assert effective_delay(0.0, None, 30.0, 0.100, FAST, allowance=1) == 0.0
+
+
+def test_only_the_slowness_above_fast_latency_counts() -> None:
+    # 1.1 s answers: 1 s of slowness, times 2, over the allowance.
+    assert effective_delay(0.0, None, 30.0, 1.1, FAST, allowance=1) == pytest.approx(2.0)
+    assert effective_delay(0.0, None, 30.0, 1.1, FAST, allowance=8) == pytest.approx(0.25)
+    assert effective_delay(0.0, None, 30.0, 1.1, FAST, allowance=allowance(8, 1)) == (
+        pytest.approx(0.5)
+    )
+    # Continuous at the threshold: just above it, just above zero.
+    assert 0 < effective_delay(0.0, None, 30.0, 0.101, FAST, allowance=1) < 0.01
+
+
 def test_configured_delay_and_crawl_delay_are_floors_and_the_cap_holds() -> None:
     assert effective_delay(1.0, None, 30.0, 0.010, ADAPTIVE, allowance=8) == 1.0
     assert effective_delay(0.0, 5.0, 30.0, 0.010, ADAPTIVE, allowance=8) == 5.0

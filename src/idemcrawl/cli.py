@@ -66,7 +66,10 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--delay", seconds,
      "minimum seconds between request starts on one host (default {delay})"),
     ("--latency-factor", seconds, "delay at least this multiple of the host's response time "
-     "(default {latency_factor}; 0 = off)"),
+     "above --fast-latency, divided by its allowed concurrency (default {latency_factor}; "
+     "0 = off)"),
+    ("--fast-latency", seconds, "response times up to this add no adaptive delay "
+     "(default {fast_latency})"),
     ("--lease-seconds", seconds,
      "how long a leased URL stays claimed if its owner dies (default {lease_seconds})"),
     ("--scope", None, "which discovered links to follow (default: the seeds' hosts)",

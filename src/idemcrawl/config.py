@@ -57,6 +57,9 @@ class CrawlConfig:
     #: Adaptive politeness: at least this multiple of a host's recent response time between
     #: request starts (Mercator/Heritrix); 0 turns it off.
     latency_factor: float = 2.0
+    #: Response times up to this add no adaptive delay; only the slowness above it is
+    #: multiplied (a host answering that fast is not straining: politeness.py).
+    fast_latency: float = 0.1
     #: Host back-off after errors (full jitter over base * 2**streak, capped) and the circuit
     #: breaker that rests a host after that many consecutive errors.
     backoff_base: float = 1.0
@@ -157,6 +160,8 @@ class CrawlConfig:
             problems.append("--commit-seconds must be between 0 and 1")
         if self.latency_factor < 0:
             problems.append("--latency-factor must be >= 0")
+        if not self.fast_latency >= 0:
+            problems.append("--fast-latency must be >= 0")
         if self.robots_max_age <= 0 or self.robots_error_ttl <= 0:
             problems.append("--robots-max-age and --robots-error-ttl must be > 0")
         if self.robots_max_attempts < 1:
@@ -210,6 +215,7 @@ class CrawlConfig:
             max_in_flight=self.host_concurrency,
             delay=self.delay,
             latency_factor=self.latency_factor,
+            fast_latency=self.fast_latency,
             backoff_base=self.backoff_base,
             backoff_cap=self.backoff_cap,
             retry_after_cap=self.retry_after_cap,
@@ -283,6 +289,7 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "max_retries": (int,),
     "user_agent": (str,),
     "latency_factor": (int, float),
+    "fast_latency": (int, float),
     "ignore_robots": (bool,),
     "robots_max_age": (int, float),
     "robots_error_ttl": (int, float),

@@ -9,12 +9,17 @@ transaction that grants or releases a lease.
   traffic at once and full traffic only after it has answered well again.
 * **Delay** between request starts is the largest of: the configured delay (global or per
   host), the host's robots.txt ``Crawl-delay`` (up to the cap), and the latency-adaptive gap
-  ``latency_factor * recent response time / allowance`` (Mercator/Heritrix style), capped so
-  that one slow answer cannot park a host. Dividing by the allowance keeps the load the same
-  whatever concurrency the host was given: with one request at a time the gap is factor *
-  latency, so the host is busy with us at most 1/factor of the time; with eight allowed, eight
-  requests may overlap at the same 1/factor duty per slot, and a slow or erring host (whose
-  allowance the error streak halves) is still slowed down.
+  ``latency_factor * (recent response time - fast_latency) / allowance`` (Mercator/Heritrix
+  style), capped so that one slow answer cannot park a host. Dividing by the allowance keeps the
+  load the same whatever concurrency the host was given: with one request at a time the gap is
+  factor * slowness, so a slow host is busy with us at most about 1/factor of the time; with eight
+  allowed, eight requests may overlap at the same duty per slot, and a slow or erring host (whose
+  allowance the error streak halves) is still slowed down. Only the part of the response time
+  above ``fast_latency`` (default 0.1 s) counts: a host that answers that fast is not straining,
+  and holding it to 1/factor of what its allowed concurrency gives would make an explicit
+  ``--host-concurrency 8 --delay 0`` slower than a crawler without the rule (issue 18: the
+  525-page shop at 10 ms took 1.97 s against Scrapy's 1.75 s with the whole response time
+  counted).
 * **Back-off** after an error: ``Retry-After`` when the server sent one (capped), otherwise
   exponential back-off with full jitter (uniform in ``[0, min(cap, base * 2**streak)]``), which
   spreads retries of many workers instead of synchronising them.
@@ -49,13 +54,14 @@ def effective_delay(
     """Seconds between request starts on a host; never below the configured minimum.
 
     ``allowance`` is the number of requests the host may have in flight right now: the
-    adaptive gap is ``latency_factor * latency_ewma / allowance`` (module doc).
+    adaptive gap is ``latency_factor * (latency_ewma - fast_latency) / allowance`` (module doc).
     """
     delay = configured
     if crawl_delay is not None and crawl_delay <= crawl_delay_cap:
         delay = max(delay, crawl_delay)
-    if policy.latency_factor > 0 and latency_ewma:
-        adaptive = policy.latency_factor * latency_ewma / max(1, allowance)
+    slowness = (latency_ewma or 0.0) - policy.fast_latency
+    if policy.latency_factor > 0 and slowness > 0:
+        adaptive = policy.latency_factor * slowness / max(1, allowance)
         delay = max(delay, min(adaptive, policy.max_adaptive_delay))
     return delay
 

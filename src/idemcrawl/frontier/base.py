@@ -167,6 +167,8 @@ class HostPolicy:
     delay: float = 1.0
     #: Adaptive delay: at least this multiple of the host's recent response time (0 = off).
     latency_factor: float = 0.0
+    #: Only the part of the response time above this counts for the adaptive delay.
+    fast_latency: float = 0.0
     max_adaptive_delay: float = 60.0
     #: Host back-off after an error: full jitter over base * 2**streak, capped.
     backoff_base: float = 1.0
