@@ -96,6 +96,10 @@ _CONFORMS_TO: Final = (
 )
 
 
+#: URI prefix of a page's rendered DOM (a ``conversion`` record next to its response).
+RENDERED_PREFIX = "urn:rendered-dom:"
+
+
 class WarcError(Exception):
     """A WARC file or pointer is unusable, or a write could not be completed."""
 
@@ -433,8 +437,13 @@ class WarcStore:
         metadata: dict[str, Any],
         decoded: bool = True,
         truncated: str | None = None,
+        rendered: str | None = None,
     ) -> WarcPointer:
         """Write request + response + metadata; return the pointer to the response record.
+
+        ``rendered`` is the page's DOM after a browser ran its scripts (``render.py``): it is
+        written with the exchange as a ``conversion`` record that refers to the response, under
+        the URI ``RENDERED_PREFIX + url`` so that no replay tool mistakes it for the response.
 
         ``body`` is the decoded payload (``decoded=False``: kept as received, so its
         ``Content-Encoding`` stays). ``metadata`` (discovered links, fetch facts) must be
@@ -490,10 +499,22 @@ class WarcStore:
             ],
             meta_fields,
         )
-        response, request, meta = ex.members
-        # File order: request, response, metadata (the order a reader expects an exchange in).
+        if rendered is not None:
+            ex.add(
+                WarcRecordType.conversion,
+                [
+                    ("WARC-Date", date),
+                    ("WARC-Target-URI", RENDERED_PREFIX + url),
+                    ("Content-Type", "text/html; charset=utf-8"),
+                    ("WARC-Refers-To", response_id),
+                ],
+                rendered.encode("utf-8", "replace"),
+            )
+        response, request, meta, *rest = ex.members
+        # File order: request, response, metadata (the order a reader expects an exchange in),
+        # then the rendered DOM if any.
         with self._lock:
-            name, offset = self._append_locked(request + response + meta)
+            name, offset = self._append_locked(request + response + meta + b"".join(rest))
         return WarcPointer(name, offset + len(request), len(response), digest)
 
     def write_revisit(
