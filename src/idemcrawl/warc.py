@@ -284,6 +284,20 @@ class _Exchange:
         return b"".join(self.members)
 
 
+def _add_rendered(ex: _Exchange, url: str, date: str, refers_to: str, html: str) -> None:
+    """The DOM a browser built from a response, as a ``conversion`` record referring to it."""
+    ex.add(
+        WarcRecordType.conversion,
+        [
+            ("WARC-Date", date),
+            ("WARC-Target-URI", RENDERED_PREFIX + url),
+            ("Content-Type", "text/html; charset=utf-8"),
+            ("WARC-Refers-To", refers_to),
+        ],
+        html.encode("utf-8", "replace"),
+    )
+
+
 # --- the store --------------------------------------------------------------------------------
 
 
@@ -500,16 +514,7 @@ class WarcStore:
             meta_fields,
         )
         if rendered is not None:
-            ex.add(
-                WarcRecordType.conversion,
-                [
-                    ("WARC-Date", date),
-                    ("WARC-Target-URI", RENDERED_PREFIX + url),
-                    ("Content-Type", "text/html; charset=utf-8"),
-                    ("WARC-Refers-To", response_id),
-                ],
-                rendered.encode("utf-8", "replace"),
-            )
+            _add_rendered(ex, url, date, response_id, rendered)
         response, request, meta, *rest = ex.members
         # File order: request, response, metadata (the order a reader expects an exchange in),
         # then the rendered DOM if any.
@@ -533,8 +538,11 @@ class WarcStore:
         refers_to_date: float | None,
         payload_digest: str | None,
         ip: str | None,
+        rendered: str | None = None,
     ) -> WarcPointer:
         """Write request + revisit (headers only); return the pointer to the revisit record.
+
+        ``rendered``: the DOM a browser built from the body, as in :meth:`write_exchange`.
 
         ``profile`` is ``"server-not-modified"`` (a 304) or ``"identical-payload-digest"`` (a
         body byte-identical to the one ``refers_to`` points at). WARC-Refers-To (the earlier
@@ -589,9 +597,11 @@ class WarcStore:
             ],
             _request_head(url, http_version, request_headers),
         )
-        revisit, request = ex.members
+        if rendered is not None:
+            _add_rendered(ex, url, date, revisit_id, rendered)
+        revisit, request, *rest = ex.members
         with self._lock:
-            name, offset = self._append_locked(request + revisit)
+            name, offset = self._append_locked(request + revisit + b"".join(rest))
         return WarcPointer(name, offset + len(request), len(revisit), digest or "")
 
     def flush(self) -> None:
