@@ -34,3 +34,18 @@ def test_loopback_seed_without_the_flag_then_with_it(shop: ShopServer, tmp_path:
     assert run_cli("export", "--db", str(db), "-o", str(out)).returncode == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["key"]: r["data"]["price"] for r in rows} == expected_products(shop.cfg)
+
+
+def test_render_without_a_browser_is_one_line_and_writes_nothing(
+    shop: ShopServer, tmp_path: Path
+) -> None:
+    db = tmp_path / "c.db"
+    res = run_cli(
+        "crawl", shop.seed_url, "--db", str(db), "--allow-private", "127.0.0.1", "--render",
+        env={"IDEMCRAWL_CHROMIUM": str(tmp_path / "no-such-browser")},
+    )  # fmt: skip
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no Chromium found for rendering" in lines[0], res.stderr
+    assert not db.exists()
+    assert shop.stats()["total"] == 0

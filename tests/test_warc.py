@@ -20,6 +20,7 @@ from fastwarc.warc import ArchiveIterator as FastIterator
 
 from idemcrawl import warc
 from idemcrawl.warc import (
+    RENDERED_PREFIX,
     WarcError,
     WarcPointer,
     WarcStore,
@@ -173,6 +174,31 @@ def test_exchange_records_read_by_both_libraries(tmp_path: Path) -> None:
     ]
     # warcio's content_stream would decode a Content-Encoding: the body must come back as is.
     assert got["response"][1] == body
+
+
+def test_rendered_dom_is_a_conversion_record_beside_the_raw_response(tmp_path: Path) -> None:
+    body = b"<html><body><ul id=items></ul><script src=/app.js></script></body></html>"
+    dom = "<html><head></head><body><ul id=\"items\"><li>caf\u00e9</li></ul></body></html>"
+    with WarcStore(str(tmp_path), "slot00") as store:
+        ptr = exchange(store, body, rendered=dom)
+    path = tmp_path / "slot00-00000.warc.gz"
+    records = warcio_records(path)
+    assert [r[0] for r in records] == ["warcinfo", "request", "response", "metadata", "conversion"]
+    assert all(ok for _, _, ok in fastwarc_records(path))
+    response, conversion = records[2][3], records[4][3]
+    assert conversion.get_header("WARC-Refers-To") == response.get_header("WARC-Record-ID")
+    # Its own URI: replay tools keep serving the raw response for the page's URL.
+    assert conversion.get_header("WARC-Target-URI") == RENDERED_PREFIX + URL
+    assert (records[2][1], records[2][2]) == (ptr.offset, ptr.length)
+    assert read_response(str(tmp_path), ptr)[2] == body
+    with open(path, "rb") as f:
+        got = [
+            r.content_stream().read()
+            for r in warcio.archiveiterator.ArchiveIterator(f)
+            if r.rec_type == "conversion"
+        ]
+    assert got == [dom.encode()]
+    assert verify_directory(str(tmp_path))["ok"]
 
 
 def test_pointer_round_trip_and_header_rewrite(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from .frontier import FrontierError, open_frontier
 from .lab import commands as lab_commands
 from .parse import SpiderLoadError
 from .preflight import refused_seeds
+from .render import RenderError
 from .status import status_dict, status_lines
 from .url import InvalidURL
 from .version import __version__
@@ -80,6 +81,11 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--requisites", "store_true", "also fetch what each page needs to render (stylesheets, "
      "scripts, images, on any host, each under its own robots.txt and politeness) and archive "
      "it, for crawls meant for replay"),
+    ("--render", "store_true", "run each HTML page in headless Chromium before parsing, for "
+     "pages built by JavaScript (needs the 'render' extra and a Chromium)"),
+    ("--render-timeout", seconds, "cut a page's render after this many seconds "
+     "(default {render_timeout})"),
+    ("--render-contexts", count, "pages rendered at once (default {render_contexts})"),
     ("--horizon", seconds, "without --recrawl, stop with exit status 3 once nothing left can "
      "start within this many seconds (default {horizon}; 0 = wait however long)"),
     ("--parse-workers", count,
@@ -463,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ConfigError,
         ControlError,
         WarcError,
+        RenderError,
     ) as exc:
         print(f"idemcrawl {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -54,6 +54,11 @@ class CrawlConfig:
     #: Also fetch what each page needs to render (stylesheets, scripts, images; on any host,
     #: under each host's own robots.txt and politeness), archived for replay (like wget -p).
     requisites: bool = False
+    #: Run every HTML page in headless Chromium before parsing (JavaScript pages; render.py),
+    #: at most ``render_contexts`` at once, each cut after ``render_timeout`` seconds.
+    render: bool = False
+    render_timeout: float = 30.0
+    render_contexts: int = 2
     #: Adaptive politeness: at least this multiple of a host's recent response time between
     #: request starts (Mercator/Heritrix); 0 turns it off.
     latency_factor: float = 2.0
@@ -158,6 +163,10 @@ class CrawlConfig:
             problems.append("--commit-batch must be between 1 and 10000")
         if not 0 <= self.commit_seconds <= 1.0:
             problems.append("--commit-seconds must be between 0 and 1")
+        if not self.render_timeout > 0:
+            problems.append("--render-timeout must be > 0")
+        if not 1 <= self.render_contexts <= 64:
+            problems.append("--render-contexts must be between 1 and 64")
         if self.latency_factor < 0:
             problems.append("--latency-factor must be >= 0")
         if not self.fast_latency >= 0:
@@ -283,6 +292,9 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "max_pages": (int,),
     "horizon": (int, float),
     "requisites": (bool,),
+    "render": (bool,),
+    "render_timeout": (int, float),
+    "render_contexts": (int,),
     "parse_workers": (int,),
     "commit_batch": (int,),
     "commit_seconds": (int, float),

@@ -96,6 +96,10 @@ _CONFORMS_TO: Final = (
 )
 
 
+#: URI prefix of a page's rendered DOM (a ``conversion`` record next to its response).
+RENDERED_PREFIX = "urn:rendered-dom:"
+
+
 class WarcError(Exception):
     """A WARC file or pointer is unusable, or a write could not be completed."""
 
@@ -280,6 +284,20 @@ class _Exchange:
         return b"".join(self.members)
 
 
+def _add_rendered(ex: _Exchange, url: str, date: str, refers_to: str, html: str) -> None:
+    """The DOM a browser built from a response, as a ``conversion`` record referring to it."""
+    ex.add(
+        WarcRecordType.conversion,
+        [
+            ("WARC-Date", date),
+            ("WARC-Target-URI", RENDERED_PREFIX + url),
+            ("Content-Type", "text/html; charset=utf-8"),
+            ("WARC-Refers-To", refers_to),
+        ],
+        html.encode("utf-8", "replace"),
+    )
+
+
 # --- the store --------------------------------------------------------------------------------
 
 
@@ -433,8 +451,13 @@ class WarcStore:
         metadata: dict[str, Any],
         decoded: bool = True,
         truncated: str | None = None,
+        rendered: str | None = None,
     ) -> WarcPointer:
         """Write request + response + metadata; return the pointer to the response record.
+
+        ``rendered`` is the page's DOM after a browser ran its scripts (``render.py``): it is
+        written with the exchange as a ``conversion`` record that refers to the response, under
+        the URI ``RENDERED_PREFIX + url`` so that no replay tool mistakes it for the response.
 
         ``body`` is the decoded payload (``decoded=False``: kept as received, so its
         ``Content-Encoding`` stays). ``metadata`` (discovered links, fetch facts) must be
@@ -490,10 +513,13 @@ class WarcStore:
             ],
             meta_fields,
         )
-        response, request, meta = ex.members
-        # File order: request, response, metadata (the order a reader expects an exchange in).
+        if rendered is not None:
+            _add_rendered(ex, url, date, response_id, rendered)
+        response, request, meta, *rest = ex.members
+        # File order: request, response, metadata (the order a reader expects an exchange in),
+        # then the rendered DOM if any.
         with self._lock:
-            name, offset = self._append_locked(request + response + meta)
+            name, offset = self._append_locked(request + response + meta + b"".join(rest))
         return WarcPointer(name, offset + len(request), len(response), digest)
 
     def write_revisit(
@@ -512,8 +538,11 @@ class WarcStore:
         refers_to_date: float | None,
         payload_digest: str | None,
         ip: str | None,
+        rendered: str | None = None,
     ) -> WarcPointer:
         """Write request + revisit (headers only); return the pointer to the revisit record.
+
+        ``rendered``: the DOM a browser built from the body, as in :meth:`write_exchange`.
 
         ``profile`` is ``"server-not-modified"`` (a 304) or ``"identical-payload-digest"`` (a
         body byte-identical to the one ``refers_to`` points at). WARC-Refers-To (the earlier
@@ -568,9 +597,11 @@ class WarcStore:
             ],
             _request_head(url, http_version, request_headers),
         )
-        revisit, request = ex.members
+        if rendered is not None:
+            _add_rendered(ex, url, date, revisit_id, rendered)
+        revisit, request, *rest = ex.members
         with self._lock:
-            name, offset = self._append_locked(request + revisit)
+            name, offset = self._append_locked(request + revisit + b"".join(rest))
         return WarcPointer(name, offset + len(request), len(revisit), digest or "")
 
     def flush(self) -> None:

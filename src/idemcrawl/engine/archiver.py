@@ -26,6 +26,7 @@ from ..dedup import BloomNegativeCache
 from ..fetch import FetchResult
 from ..frontier.base import Frontier, Lease, NewURL
 from ..parse import ParseResult
+from ..render import RenderResult
 from ..warc import WarcError, WarcPointer, WarcStore, payload_digest, store_download
 from .calls import Call
 from .clock import Clock
@@ -95,16 +96,27 @@ class Archiver:
             raise ArchiveFailed(str(exc)) from exc
 
     async def archive(
-        self, lease: Lease, res: FetchResult, result: ParseResult, links: list[NewURL]
+        self,
+        lease: Lease,
+        res: FetchResult,
+        result: ParseResult,
+        links: list[NewURL],
+        rendered: RenderResult | None = None,
     ) -> Archived:
         """Archive a parsed exchange (R19, R20); ArchiveFailed when the store refuses it.
 
         Written once the page is parsed so the metadata record can list the discovered links; a
         page whose parse failed or timed out is archived all the same (reparse reads it back).
+        A page rendered in a browser also gets its DOM beside the response and every exchange
+        its scripts made (:meth:`_rendered_exchanges`), so a replay has what the page loaded.
         """
         store = self.store
         if store is None:
             return Archived()
+        dom = None
+        if rendered is not None:
+            dom = rendered.html
+            await self._rendered_exchanges(store, lease, rendered)
         body_digest = payload_digest(res.body)
         pending = self._writing.get(body_digest)
         if pending is not None:  # the same body is being archived by another worker right now
@@ -117,7 +129,7 @@ class Archiver:
         if first is not None:
             ref = WarcPointer(first[0], first[1], first[2], body_digest)
             await self._revisit(
-                store, lease, res, "identical-payload-digest", ref, first[3], body_digest
+                store, lease, res, "identical-payload-digest", ref, first[3], body_digest, dom
             )
             # The URL points at the full copy, so reparse and readers get the body.
             return Archived(ref.file, ref.offset, ref.length, body_digest, stored=False)
@@ -131,10 +143,16 @@ class Archiver:
             "links": [u.url for u in links],
             "records": len(result.records),
         }
+        if rendered is not None:
+            metadata["rendered"] = {
+                "cut_reason": rendered.cut_reason,
+                "elapsed_s": round(rendered.elapsed, 6),
+                "requests": [[x.method, x.url, x.error] for x in rendered.exchanges],
+            }
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writing[body_digest] = done
         try:
-            ptr = await self._exchange(store, lease, res, metadata)
+            ptr = await self._exchange(store, lease, res, metadata, dom)
         finally:
             del self._writing[body_digest]
             done.set_result(None)
@@ -189,10 +207,12 @@ class Archiver:
         refers_to: WarcPointer | None,
         refers_to_uri: str | None,
         digest: str | None,
+        rendered: str | None = None,
     ) -> WarcPointer:
         return await self._store(
             partial(
                 store.write_revisit,
+                rendered=rendered,
                 url=lease.url,
                 fetched_at=self._clock.time() - res.elapsed,  # WARC-Date: request sent
                 request_headers=res.request_headers,
@@ -210,11 +230,17 @@ class Archiver:
         )
 
     async def _exchange(
-        self, store: WarcStore, lease: Lease, res: FetchResult, metadata: dict[str, Any]
+        self,
+        store: WarcStore,
+        lease: Lease,
+        res: FetchResult,
+        metadata: dict[str, Any],
+        rendered: str | None = None,
     ) -> WarcPointer:
         return await self._store(
             partial(
                 store.write_exchange,
+                rendered=rendered,
                 url=lease.url,
                 fetched_at=self._clock.time() - res.elapsed,
                 request_headers=res.request_headers,
@@ -230,3 +256,61 @@ class Archiver:
                 decoded=not any("not decoded" in n for n in res.notes),
             )
         )
+
+    async def _rendered_exchanges(
+        self, store: WarcStore, lease: Lease, rendered: RenderResult
+    ) -> None:
+        """What a rendering page fetched (its scripts, API calls): archived as exchanges of
+        their own, a body this process archived before (the same script on every page) as a
+        revisit. They are not URLs of the crawl: no frontier row, no event."""
+        for x in rendered.fetched:
+            res = x.result
+            assert res is not None
+            digest = payload_digest(res.body)
+            first = self._recent.get(digest)
+            fetched_at = self._clock.time() - res.elapsed
+            if first is not None:
+                ref = WarcPointer(first[0], first[1], first[2], digest)
+                await self._store(
+                    partial(
+                        store.write_revisit,
+                        url=res.url,
+                        fetched_at=fetched_at,
+                        request_headers=res.request_headers,
+                        status=res.status,
+                        reason=res.reason,
+                        http_version=res.http_version,
+                        response_headers=res.raw_headers,
+                        profile="identical-payload-digest",
+                        refers_to=ref,
+                        refers_to_uri=first[3],
+                        refers_to_date=None,
+                        payload_digest=digest,
+                        ip=res.ip,
+                    )
+                )
+                continue
+            ptr = await self._store(
+                partial(
+                    store.write_exchange,
+                    url=res.url,
+                    fetched_at=fetched_at,
+                    request_headers=res.request_headers,
+                    status=res.status,
+                    reason=res.reason,
+                    http_version=res.http_version,
+                    response_headers=res.raw_headers,
+                    body=res.body,
+                    ip=res.ip,
+                    metadata={
+                        "rendered_for": lease.url,
+                        "method": x.method,
+                        "type": x.resource_type,
+                    },
+                    truncated=res.cut_reason,
+                    decoded=not any("not decoded" in n for n in res.notes),
+                )
+            )
+            self._recent[digest] = (ptr.file, ptr.offset, ptr.length, res.url)
+            if len(self._recent) > RECENT_BODIES:
+                self._recent.popitem(last=False)

@@ -15,6 +15,8 @@ from .. import owner as owners
 from ..config import CrawlConfig
 from ..fetch import Fetcher, FetchSettings
 from ..frontier import Frontier, open_frontier
+from ..render import Renderer, RenderSettings
+from ..robots import state_from_row
 from ..waiting import work_left
 from ..warc import WarcStore
 from .archiver import Archiver
@@ -165,8 +167,33 @@ class Engine:
         if self._progress is not None:
             self._progress(message)
 
+    async def _open_renderer(self, resources: contextlib.AsyncExitStack) -> Renderer | None:
+        """Headless Chromium for ``--render``, started first: a missing browser or Playwright
+        stops the crawl with one line (RenderError) before anything is written."""
+        if not self.cfg.render:
+            return None
+        settings = RenderSettings(
+            timeout=self.cfg.render_timeout,
+            contexts=self.cfg.render_contexts,
+            user_agent=self.cfg.user_agent,
+        )
+        return await resources.enter_async_context(Renderer(settings))
+
+    async def _robots_rules(
+        self, call: Call, frontier: Frontier, host_key: str
+    ) -> Callable[[str], bool]:
+        """The host's robots.txt as a predicate, read from the frontier (a rendering page's
+        own requests obey it as the crawl's do)."""
+        cache = self.policy.robots
+        if cache is None:
+            return lambda _url: True
+        row = await call(frontier.host_row, host_key)
+        state = state_from_row(row) if row else None
+        return lambda url: cache.allowed(host_key, state, url)
+
     async def _crawl(self, resources: contextlib.AsyncExitStack, t0: float) -> None:
         cfg, clock, summary = self.cfg, self.clock, self.summary
+        renderer = await self._open_renderer(resources)
         call = await self._open_frontier(resources)
         frontier = self.frontier
         slot = owners.acquire(cfg.db)
@@ -229,6 +256,8 @@ class Engine:
             near=start.near,
             clock=clock,
             summary=summary,
+            renderer=renderer,
+            robots_for=partial(self._robots_rules, call, frontier),
         )
         committer = Committer(
             frontier,

@@ -11,6 +11,9 @@ dropped (it is about to expire, or the archive failed and the crawl is stopping)
   never before Retry-After, up to ``max_retries``; the SSRF guard's refusal is final (R8, R18);
 * a 304 to a conditional request keeps the stored copy (R13); a download is archived and kept as
   a file, never parsed;
+* a page is rendered first when the crawl asks for it (``--render``: a 2xx HTML page runs in
+  headless Chromium, its scripts' requests served by the same fetcher and spaced by the host's
+  delay; the DOM they build is what gets parsed and archived beside the raw response);
 * a page is parsed, its redirect target becomes a URL of its own one hop further (R14), it is
   archived, its links pass the discovery gate (R17) and its SimHash joins a near-duplicate
   group (R11); the recrawl policy sets the next visit (R16).
@@ -29,6 +32,7 @@ from ..config import CrawlConfig
 from ..fetch import RETRYABLE_STATUS, FetchError, FetchResult, retry_after_seconds
 from ..frontier.base import (
     DOWNLOAD,
+    PAGE,
     REQUISITE,
     ROBOTS,
     Completion,
@@ -38,6 +42,7 @@ from ..frontier.base import (
     RobotsFetch,
 )
 from ..parse import ParseJob, ParseResult
+from ..render import Renderer, RenderResult
 from .archiver import Archived, ArchiveFailed, Archiver
 from .clock import Clock
 from .gate import LinkGate
@@ -118,8 +123,14 @@ class Pipeline:
         clock: Clock,
         summary: CrawlSummary,
         rng: random.Random | None = None,
+        renderer: Renderer | None = None,
+        robots_for: Callable[[str], Awaitable[Callable[[str], bool]]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.renderer = renderer
+        #: A host's robots.txt rules as "may this URL be fetched?" (rendering pages' requests).
+        self.robots_for = robots_for
+        self._delays = {host: delay for host, delay, _ in cfg.host_overrides if delay is not None}
         self.fetcher = fetcher
         self._parse = parse
         self.archiver = archiver
@@ -170,7 +181,12 @@ class Pipeline:
             return None  # the crawl is stopping; the lease returns and a restart refetches
 
     async def _page(self, lease: Lease, res: FetchResult) -> Outcome:
-        job = ParseJob(lease.url, res.status, res.headers, res.body, lease.depth, lease.kind)
+        rendered = await self._render(lease, res)
+        body = res.body if rendered is None else rendered.html.encode("utf-8")
+        headers = res.headers
+        if rendered is not None:  # the DOM is UTF-8 text now, whatever the page declared
+            headers = {**headers, "content-type": "text/html; charset=utf-8"}
+        job = ParseJob(lease.url, res.status, headers, body, lease.depth, lease.kind)
         result = await self._parse(job)
         links = result.links
         counters: dict[str, int] = {}
@@ -182,7 +198,11 @@ class Pipeline:
             redirect_to, links, error = self._redirect(lease, res.headers["location"], links)
             if error:
                 counters["redirects_too_long"] = 1
-        archived = await self.archiver.archive(lease, res, result, links)
+        archived = await self.archiver.archive(lease, res, result, links, rendered)
+        if rendered is not None:
+            counters["rendered"] = 1
+            if rendered.cut_reason:
+                counters["render_cut"] = 1
         if result.error:
             self.summary.count_error("parse")
             return Failure(
@@ -220,6 +240,27 @@ class Pipeline:
             canonical_hint=result.canonical,
             redirect_to=redirect_to,
         )
+
+    async def _render(self, lease: Lease, res: FetchResult) -> RenderResult | None:
+        """The page's DOM after its scripts ran, when rendering is on and the page is HTML."""
+        if self.renderer is None or lease.kind != PAGE or not 200 <= res.status < 300:
+            return None
+        ctype = res.headers.get("content-type", "text/html").split(";", 1)[0].strip().lower()
+        if ctype not in ("text/html", "application/xhtml+xml") or res.cut_reason:
+            return None
+        host = lease.host_key
+        gap = self._delays.get(host, self._delays.get(urls.hostname(host), self.cfg.delay))
+        allowed = None if self.robots_for is None else await self.robots_for(host)
+
+        async def fetch(url: str, method: str, headers: dict[str, str], body: Any) -> FetchResult:
+            # A page's script is held to the rules its own page was: robots.txt (R7), GET only.
+            if method != "GET" or body:
+                raise FetchError("refused", f"{method} from a rendering page is not sent")
+            if allowed is not None and urls.host_key(url) == host and not allowed(url):
+                raise FetchError("refused", "disallowed by robots.txt")
+            return await self.fetcher.fetch(url, headers)
+
+        return await self.renderer.render(res, fetch, gap=gap)
 
     def _round(
         self,
