@@ -101,7 +101,7 @@ class RenderSettings:
     max_dom_bytes: int = 10 * 1024 * 1024
     #: Per renderer process: V8 heap and data segment, in MB.
     heap_mb: int = 256
-    memory_mb: int = 1024
+    memory_mb: int = 512
     #: Serve requests to hosts other than the page's (spaced per host within the render).
     third_party: bool = False
     #: Request types never fetched: the DOM does not depend on them.
@@ -445,9 +445,11 @@ class Renderer:
         except Exception as exc:  # Playwright's own errors: a crash, a closed target
             cut = crashed[0] if crashed else f"render failed: {str(exc).splitlines()[0]}"
         if crashed:
-            return "", f"{crashed[0]} (memory cap {self.settings.memory_mb} MB?)"
-        # An endless script keeps the renderer busy: the DOM can then not be read at all.
-        left = max(1.0, min(5.0, started + timeout + 5.0 - time.monotonic()))
+            caps = f"heap {self.settings.heap_mb} MB, process {self.settings.memory_mb} MB"
+            return "", f"{crashed[0]} (out of memory? caps: {caps})"
+        # An endless script keeps the renderer busy: the DOM can then not be read at all, and
+        # after a timeout that is the likely case, so it gets one second.
+        left = 1.0 if cut else max(1.0, min(5.0, started + timeout + 5.0 - time.monotonic()))
         try:
             html = await asyncio.wait_for(tab.content(), left)
         except Exception:
