@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from idemcrawl.argtypes import UsageError, count, positive, seconds
+from idemcrawl.argtypes import UsageError, count, non_negative_int, positive, seconds
 
 __all__ = ["COMMANDS", "add_parsers", "run_own_parser"]
 
@@ -157,6 +157,17 @@ def add_parsers(sub: Any) -> None:
     bd.add_argument("--urls", type=count, default=1_000_000)
     bd.add_argument("--repeats", type=float, default=0.4)
     bd.add_argument("--json", action="store_true")
+    bs = bsub.add_parser(
+        "startup",
+        help="time to the first request and RSS then, on an empty and on a large frontier",
+        description="Build an SQLite frontier of --urls URLs on one loopback host (--done of "
+        "them completed with stored bodies, through the frontier contract), start a crawl on "
+        "it and note when its first request arrives and the crawl's RSS at that moment; the "
+        "same on an empty frontier for reference.",
+    )
+    bs.add_argument("--urls", type=count, default=1_000_000)
+    bs.add_argument("--done", type=non_negative_int, default=100_000)
+    bs.add_argument("--json", action="store_true")
 
     sub.add_parser(
         "sim",
@@ -292,6 +303,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
             raise UsageError("--repeats must be in [0, 1)")
         dreport = run_discovery_bench(a.urls, a.repeats)
         print(json.dumps(dreport.as_dict()) if a.json else dreport.text())
+        return 0
+    if a.bench_command == "startup":
+        from idemcrawl.lab.bench.startup import report, run_startup_bench
+
+        if a.done > a.urls:
+            raise UsageError("--done must not exceed --urls")
+        print(report(run_startup_bench(a.urls, a.done, log=_stderr), a.json))
         return 0
     raise UsageError(f"unknown benchmark {a.bench_command!r}")
 
