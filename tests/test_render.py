@@ -269,3 +269,42 @@ def test_settings_are_checked() -> None:
         RenderSettings(contexts=0)
     with pytest.raises(ValueError, match="memory"):
         RenderSettings(memory_mb=10)
+
+
+def test_a_renderer_not_entered_starts_on_its_first_render(site: tuple[Site, AppServer]) -> None:
+    _, server = site
+    page = document(
+        f"{server.base_url}/p",
+        "<html><body><script>document.body.append('js')</script></body></html>",
+    )
+
+    async def go() -> Any:
+        renderer = Renderer(RenderSettings())
+        try:
+            return await renderer.render(page, render_nothing)
+        finally:
+            await renderer.close()
+
+    assert "js" in asyncio.run(go()).html
+
+
+async def render_nothing(*_: Any) -> Any:
+    raise AssertionError("nothing to fetch")
+
+
+def test_a_browser_that_cannot_start_fails_each_render_the_same_way() -> None:
+    pytest.importorskip("playwright")
+    page = document("http://127.0.0.1:9/p", "<html></html>")
+
+    async def go() -> list[str]:
+        renderer = Renderer(RenderSettings(executable="/nonexistent/chromium"))
+        errors = []
+        for _ in range(2):
+            with pytest.raises(RenderError) as exc:
+                await renderer.render(page, render_nothing)
+            errors.append(str(exc.value))
+        await renderer.close()
+        return errors
+
+    first, second = asyncio.run(go())
+    assert first == second and "no Chromium found" in first

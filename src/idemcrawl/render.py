@@ -328,6 +328,8 @@ class Renderer:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.renders = 0
         self.browser_restarts = 0
+        #: Why the browser cannot be started, once known: asked again, the answer is the same.
+        self._unusable: RenderError | None = None
 
     async def __aenter__(self) -> Renderer:
         await self.start()
@@ -337,7 +339,21 @@ class Renderer:
         await self.close()
 
     async def start(self) -> None:
-        """Start Playwright and the browser now, so a missing one is reported before crawling."""
+        """Start Playwright and the browser now, so a missing one is reported before crawling.
+
+        Without it the first :meth:`render` starts them (a crawl whose spider asks for rendering
+        only on some requests); a browser that cannot start fails each such render with the
+        same :class:`RenderError`.
+        """
+        if self._unusable is not None:
+            raise self._unusable
+        try:
+            await self._start()
+        except RenderError as exc:
+            self._unusable = exc
+            raise
+
+    async def _start(self) -> None:
         try:
             from playwright.async_api import async_playwright
         except ImportError as exc:
@@ -371,6 +387,10 @@ class Renderer:
 
     async def _live_browser(self) -> Browser:
         async with self._launch_lock:
+            if self._playwright is None:
+                await self.start()
+                assert self._browser is not None
+                return self._browser
             if self._browser is None or not self._browser.is_connected():
                 if self._browser is not None:
                     self.browser_restarts += 1
