@@ -406,6 +406,9 @@ class BloomNegativeCache:
         #: the saturation threshold :attr:`saturated` needs no estimate at all.
         self._adds = 0
         self._next_estimate = 0
+        #: While its keys are still being loaded the filter cannot say "surely not": every
+        #: key is "maybe present", so the caller asks the durable store (``engine/warmup.py``).
+        self.warming = False
 
     def add(self, key: str) -> None:
         self._bloom.add(key)
@@ -422,7 +425,7 @@ class BloomNegativeCache:
         """False: ``key`` was never added (no look-up needed). True: it may have been."""
         stats = self.stats
         stats.lookups += 1
-        if key in self._bloom:
+        if self.warming or key in self._bloom:
             stats.maybe_present += 1
             return True
         stats.definitely_absent += 1
@@ -465,7 +468,7 @@ class BloomNegativeCache:
         once per 1 % of ``expected_items`` further adds.
         """
         limit = 1.1 * self.expected_items
-        if self._adds <= limit or self._adds < self._next_estimate:
+        if self.warming or self._adds <= limit or self._adds < self._next_estimate:
             return False
         if self._bloom.approx_items > limit:
             return True

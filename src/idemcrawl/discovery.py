@@ -44,6 +44,10 @@ class DiscoveryGate:
         self._expected = max(self._expected, 2 * len(known))
         self.bloom = BloomNegativeCache(self._expected)
         self.bloom.add_many(known)
+        self.restore(snapshot)
+
+    def restore(self, snapshot: str | None) -> None:
+        """The template counts a previous run saved (its known URLs are loaded separately)."""
         if snapshot:
             self.gate.restore(json.loads(snapshot))
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 
 from idemcrawl import owner as owners
 from idemcrawl.config import CrawlConfig
+from idemcrawl.engine.calls import inline
 from idemcrawl.engine.startup import reconcile
+from idemcrawl.engine.warmup import Warmup
 from idemcrawl.frontier.base import Completion, HostPolicy
 from idemcrawl.frontier.sqlite import SQLiteFrontier
 
@@ -79,7 +82,17 @@ def test_reconcile_rebuilds_the_body_filter_and_the_near_duplicate_index(
     )
     assert frontier.complete([archived], clock.now, FREE) == [True]
     start = reconcile(frontier, config(tmp_path, seeds=()), "me/0", clock, archive=True)
-    assert start.bodies is not None and start.bodies.might_contain("sha1:AAAA")
+    # Nothing is loaded before the crawl starts: the filters say "maybe" to everything.
+    assert start.bodies is not None and start.bodies.warming
+    assert start.bodies.might_contain("sha1:ZZZZ") and start.gate.bloom.might_contain("x")
+    asyncio.run(
+        Warmup(frontier, inline, near=start.near, gate=start.gate, bodies=start.bodies).run()
+    )
+    assert not start.bodies.warming and not start.gate.bloom.warming
+    assert start.bodies.might_contain("sha1:AAAA")
+    assert not start.bodies.might_contain("sha1:ZZZZ")
+    assert start.gate.bloom.might_contain(lease.url)
+    assert not start.gate.bloom.might_contain(f"{HOST}/never-seen")
     assert start.near.group(lease.url_id + 1, 0xF0F1) == lease.url_id  # distance 1: its group
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 
@@ -338,3 +339,35 @@ def test_host_waiting_for_a_later_url_is_ready_once_a_due_one_arrives(frontier: 
     frontier.add([NewURL("http://a/y", "http://a")], T0 + 2)
     assert [x.url for x in frontier.lease("w", 1, T0 + 2, 30, FAST)] == ["http://a/y"]
     assert [x.url for x in frontier.lease("w", 1, T0 + 600, 30, FAST)] == ["http://a/x"]
+
+
+def test_start_up_reads_come_a_page_at_a_time(frontier: Frontier) -> None:
+    """known_urls, body_digests and simhashes page by key: every row once, in key order."""
+    frontier.add([NewURL(f"http://h/p{i}", "http://h") for i in range(7)], T0)
+    policy = HostPolicy(max_in_flight=10, delay=0.0)
+    leases = frontier.lease("w", 5, T0, 60, policy)
+    done = [
+        Completion(ls, 200, T0, warc_file="f.warc.gz", warc_offset=i, warc_length=1,
+                   payload_digest=f"sha1:{i:04d}", stored_body=True, simhash=i + 1)
+        for i, ls in enumerate(leases)
+    ]  # fmt: skip
+    assert frontier.complete(done, T0, policy) == [True] * 5
+
+    def pages(read: Any, start: Any, key: Any) -> list[list[Any]]:
+        out, after = [], start
+        while rows := read(after, 2):
+            out.append(rows)
+            after = key(rows[-1])
+        return out
+
+    urls = pages(frontier.known_urls, 0, lambda r: r[0])
+    assert [len(p) for p in urls] == [2, 2, 2, 1]
+    flat = [r for p in urls for r in p]
+    assert [u for _, u in flat] == [f"http://h/p{i}" for i in range(7)]
+    assert [i for i, _ in flat] == sorted(i for i, _ in flat)
+    assert frontier.known_urls(0, None) == flat
+    digests = pages(frontier.body_digests, "", lambda d: d)
+    assert [d for p in digests for d in p] == [f"sha1:{i:04d}" for i in range(5)]
+    hashes = pages(frontier.simhashes, 0, lambda r: r[0])
+    expected = sorted((ls.url_id, i + 1) for i, ls in enumerate(leases))
+    assert [(u, h) for p in hashes for u, h, _ in p] == expected

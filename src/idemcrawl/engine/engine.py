@@ -30,6 +30,7 @@ from .pipeline import PageFetcher, Pipeline
 from .reporter import Reporter
 from .startup import reclaim_dead_owners, reconcile
 from .summary import CrawlSummary
+from .warmup import Warmup
 
 
 def warc_prefix(owner: str) -> str:
@@ -286,7 +287,8 @@ class Engine:
                 snapshot=self._snapshot,
                 live=live,
             )
-        await self._run_tasks(feeder, pipeline, committer, reporter)
+        warmup = Warmup(frontier, call, near=start.near, gate=start.gate, bodies=start.bodies)
+        await self._run_tasks(feeder, pipeline, committer, reporter, warmup)
         await gate.save()
         summary.stopped_by = self._stop_reason or "finished"
         summary.finished = not self._stop_reason
@@ -296,10 +298,17 @@ class Engine:
             summary.waiting = [w.as_dict() for w in left.waiting]
 
     async def _run_tasks(
-        self, feeder: Feeder, pipeline: Pipeline, committer: Committer, reporter: Reporter | None
+        self,
+        feeder: Feeder,
+        pipeline: Pipeline,
+        committer: Committer,
+        reporter: Reporter | None,
+        warmup: Warmup,
     ) -> None:
-        """Workers and the feeder end first; the committer then drains what they produced."""
+        """Workers and the feeder end first; the committer then drains what they produced.
+        The warm-up runs beside them and is cancelled if the crawl ends before it does."""
         async with asyncio.TaskGroup() as outer:
+            warming = outer.create_task(warmup.run(), name="warmup")
             outer.create_task(committer.run(), name="committer")
             reporting = None
             if reporter is not None:
@@ -309,6 +318,7 @@ class Engine:
                 for i in range(self.cfg.concurrency):
                     tg.create_task(_work(feeder, pipeline, committer), name=f"worker-{i}")
             await committer.close()
+            warming.cancel()
             if reporting is not None:
                 reporting.cancel()
 

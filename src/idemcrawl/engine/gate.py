@@ -8,6 +8,7 @@ crawl's meta table every ten seconds and at the end, so that a restart resumes t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..discovery import META_KEY, DiscoveryGate
@@ -30,11 +31,29 @@ class Gated:
     paused: int
 
 
-def load_gate(frontier: Frontier, limits: TrapLimits) -> DiscoveryGate:
-    """A gate knowing every URL of the frontier, with the counts the last run saved."""
+def load_gate(frontier: Frontier, limits: TrapLimits, *, warm: bool = True) -> DiscoveryGate:
+    """A gate with the template counts the last run saved; its Bloom filter of known URLs is
+    filled by ``warmup.py`` in the background (``warm=False``) or here (``warm=True``)."""
     gate = DiscoveryGate(limits)
-    gate.load(frontier.known_urls(), frontier.get_meta(META_KEY))
+    gate.restore(frontier.get_meta(META_KEY))
+    if warm:
+        for chunk in known_url_chunks(frontier):
+            gate.bloom.add_many(chunk)
+    else:
+        gate.bloom.warming = True
     return gate
+
+
+#: Rows per frontier read when a Bloom filter or index is filled from the frontier.
+CHUNK = 20_000
+
+
+def known_url_chunks(frontier: Frontier, chunk: int = CHUNK) -> Iterator[list[str]]:
+    """Every known URL, a page at a time (keyset by id)."""
+    after = 0
+    while rows := frontier.known_urls(after, chunk):
+        after = rows[-1][0]
+        yield [u for _, u in rows]
 
 
 class LinkGate:
@@ -44,21 +63,33 @@ class LinkGate:
         self._call = call
         self._clock = clock
         self._next_save = 0.0
+        self._rebuilding = False
 
     async def filter(self, links: list[NewURL]) -> Gated:
         gate = self.gate
         pauses = gate.gate.pauses
         out, refused = gate.filter(links)
         paused = gate.gate.pauses - pauses
-        if gate.needs_rebuild:
-            await self._rebuild()
+        if gate.needs_rebuild and not self._rebuilding:
+            self._rebuilding = True
+            try:
+                await self._rebuild()
+            finally:
+                self._rebuilding = False
         return Gated(out, refused, paused)
 
     async def _rebuild(self) -> None:
-        """A bigger Bloom filter from the frontier's URLs; the template counts carry over."""
-        known = await self._call(lambda: list(self._frontier.known_urls()))
-        gate = DiscoveryGate(self.gate.limits)
-        gate.load(known, self.gate.snapshot())
+        """A bigger Bloom filter from the frontier's URLs; the template counts carry over.
+
+        Filled a page at a time on the frontier's thread; the current gate keeps filtering
+        meanwhile, and the new one replaces it once whole."""
+        old = self.gate
+        gate = DiscoveryGate(old.limits, expected_urls=2 * old.bloom.expected_items)
+        after = 0
+        while rows := await self._call(self._frontier.known_urls, after, CHUNK):
+            after = rows[-1][0]
+            gate.bloom.add_many([u for _, u in rows])
+        gate.restore(self.gate.snapshot())
         self.gate = gate
 
     async def save(self) -> None:

@@ -7,16 +7,32 @@ from the previous still forms one group. The index is the permuted-table SimHash
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 from ..dedup import SimHashIndex
 
 
 class NearDuplicates:
-    def __init__(self, distance: int) -> None:
+    """The index and the group roots; filled in the background at start (``warmup.py``), and
+    a page asking for its group waits until it is complete (:meth:`group_when_ready`)."""
+
+    def __init__(self, distance: int, *, ready: bool = True) -> None:
         self.distance = distance
         self._index = SimHashIndex(3)
         self._root: dict[int, int] = {}
+        self._ready = asyncio.Event()
+        if ready:
+            self._ready.set()
+
+    def mark_ready(self) -> None:
+        self._ready.set()
+
+    async def group_when_ready(self, url_id: int, fp: int | None) -> int | None:
+        """:meth:`group` once the index holds every page the frontier knows."""
+        if fp is not None and not self._ready.is_set():
+            await self._ready.wait()
+        return self.group(url_id, fp)
 
     def load(self, rows: Iterable[tuple[int, int, int | None]]) -> None:
         """``(url_id, simhash, near_dup_of)`` rows as the frontier keeps them."""

@@ -224,7 +224,7 @@ class Pipeline:
         rejected = self.summary.links_rejected
         for reason, n in rejections.items():
             rejected[reason] = rejected.get(reason, 0) + n
-        near = self.near.group(lease.url_id, result.simhash)
+        near = await self.near.group_when_ready(lease.url_id, result.simhash)
         return self._round(
             lease,
             res,

@@ -6,9 +6,10 @@ All of it is synchronous and runs as one call on the frontier's thread, before a
   so do those of any other dead process of this machine (their slot files are unlocked too);
 * ``--retry-deferred`` gives deferred URLs another chance; per-host budgets and politeness
   overrides from the configuration are written;
-* the in-memory indexes that sit in front of the frontier are rebuilt from it: the Bloom filter
-  of archived bodies (WARC dedup), the SimHash index (near-duplicates), the discovery gate
-  (known URLs, and the template counts the last run saved);
+* the in-memory indexes that sit in front of the frontier are created empty and marked as
+  warming: the Bloom filter of archived bodies (WARC dedup), the SimHash index
+  (near-duplicates), the discovery gate's filter of known URLs (its template counts are restored
+  here); ``warmup.py`` fills them while the crawl already runs;
 * seeds and sitemaps enter through ``add`` (a no-op for known ones), their hosts define the scope;
 * the group-commit bound is published, so ``status`` can say what a kill may repeat (R5).
 """
@@ -26,6 +27,7 @@ from ..frontier.base import SITEMAP, Frontier, NewURL
 from .clock import WallClock
 from .gate import load_gate
 from .neardup import NearDuplicates
+from .warmup import MIN_BLOOM
 
 
 @dataclass
@@ -68,20 +70,19 @@ def reconcile(
     requeued = f.requeue_deferred() if cfg.retry_deferred else 0
     for host, budget in cfg.host_budgets:
         f.control("set-budget", host, budget)
+    # Filled while the crawl runs (warmup.py): start-up stays flat in the size of the crawl.
     bodies = None
     if archive:
-        digests = list(f.body_digests())
-        bodies = BloomNegativeCache(max(100_000, 2 * len(digests)))
-        bodies.add_many(digests)
-    near = NearDuplicates(cfg.near_dup_distance)
-    near.load(f.simhashes())
+        bodies = BloomNegativeCache(MIN_BLOOM)
+        bodies.warming = True
+    near = NearDuplicates(cfg.near_dup_distance, ready=False)
     for host, delay, concurrency in cfg.host_overrides:
         f.set_host_overrides(host, delay=delay, max_in_flight=concurrency)
     seeds = seed_urls(cfg)
     if seeds:
         f.add_seeds([s.host_key for s in seeds])
         f.add(seeds, clock.time())
-    gate = load_gate(f, cfg.trap_limits())
+    gate = load_gate(f, cfg.trap_limits(), warm=False)
     f.set_meta("group_commit_max", str(cfg.commit_batch))
     f.set_meta("group_commit_linger_s", str(cfg.commit_seconds))
     return Reconciled(reclaimed, requeued, bodies, near, gate, f.seed_hosts())

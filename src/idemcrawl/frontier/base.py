@@ -483,20 +483,26 @@ class CrawlState(Protocol):
 
     def seed_hosts(self) -> frozenset[str]: ...
 
-    def known_urls(self) -> Iterable[str]:
-        """Every known URL (to rebuild the discovery Bloom filter at start)."""
+    def known_urls(self, after_id: int = 0, limit: int | None = None) -> list[tuple[int, str]]:
+        """Known ``(url_id, url)`` with an id above ``after_id``, by id, at most ``limit``
+        (None: all). The discovery Bloom filter is rebuilt from these, a page at a time, so a
+        crawl of millions of URLs never holds them all at once."""
         ...
 
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
         """Archived full bodies by payload digest: (warc_file, offset, length, first url)."""
         ...
 
-    def body_digests(self) -> Iterable[str]:
-        """Every archived payload digest (to rebuild the body Bloom filter at start)."""
+    def body_digests(self, after: str = "", limit: int | None = None) -> list[str]:
+        """Archived payload digests above ``after``, in order, at most ``limit`` (None: all),
+        to rebuild the body Bloom filter a page at a time."""
         ...
 
-    def simhashes(self) -> Iterable[tuple[int, int, int | None]]:
-        """(url_id, simhash, near_dup_of) of every page with a SimHash (near-dup index)."""
+    def simhashes(
+        self, after_id: int = 0, limit: int | None = None
+    ) -> list[tuple[int, int, int | None]]:
+        """(url_id, simhash, near_dup_of) of pages with a SimHash and an id above
+        ``after_id``, by id, at most ``limit`` (None: all): the near-duplicate index."""
         ...
 
     def reparse_candidates(

@@ -143,8 +143,9 @@ class MemoryReads:
             rows = (self.record_rows[k] for k in self._record_keys[i : i + limit])
         return [dict(zip(names, r, strict=True)) for r in rows]
 
-    def known_urls(self) -> list[str]:
-        return list(self.by_url)
+    def known_urls(self, after_id: int, limit: int | None) -> list[tuple[int, str]]:
+        rows = sorted((u.url_id, u.url) for u in self._all_urls() if u.url_id > after_id)
+        return rows if limit is None else rows[:limit]
 
     def existing_urls(self, candidates: Sequence[str]) -> set[str]:
         return {c for c in candidates if c in self.by_url}
@@ -168,12 +169,17 @@ class MemoryReads:
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
         return {d: (b[3], b[4], b[5], b[2]) for d in digests if (b := self.bodies.get(d))}
 
-    def body_digests(self) -> list[str]:
-        return list(self.bodies)
+    def body_digests(self, after: str, limit: int | None) -> list[str]:
+        digests = sorted(d for d in self.bodies if d > after)
+        return digests if limit is None else digests[:limit]
 
-    def simhashes(self) -> list[tuple[int, int, int | None]]:
-        hashed = (u for u in self._all_urls() if u.simhash is not None)
-        return [(u.url_id, u.simhash & 0xFFFFFFFFFFFFFFFF, u.near_dup_of) for u in hashed]
+    def simhashes(self, after_id: int, limit: int | None) -> list[tuple[int, int, int | None]]:
+        hashed = sorted(
+            (u.url_id, u.simhash & 0xFFFFFFFFFFFFFFFF, u.near_dup_of)
+            for u in self._all_urls()
+            if u.simhash is not None and u.url_id > after_id
+        )
+        return hashed if limit is None else hashed[:limit]
 
     def reparse_candidates(
         self, where_failed: bool, after_id: int, limit: int

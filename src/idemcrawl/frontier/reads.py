@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -151,8 +151,8 @@ class Reads:
     def get_cursor(self, consumer: str) -> int:
         return self._read(lambda s: s.get_cursor(consumer))
 
-    def known_urls(self) -> Iterable[str]:
-        return self._read(lambda s: s.known_urls())
+    def known_urls(self, after_id: int = 0, limit: int | None = None) -> list[tuple[int, str]]:
+        return self._read(lambda s: s.known_urls(after_id, limit))
 
     def existing_urls(self, candidates: Sequence[str]) -> set[str]:
         """Which of ``candidates`` are known: the durable-key look-up a Bloom filter saves."""
@@ -174,11 +174,13 @@ class Reads:
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
         return self._read(lambda s: s.find_bodies(digests)) if digests else {}
 
-    def body_digests(self) -> Iterable[str]:
-        return self._read(lambda s: s.body_digests())
+    def body_digests(self, after: str = "", limit: int | None = None) -> list[str]:
+        return self._read(lambda s: s.body_digests(after, limit))
 
-    def simhashes(self) -> Iterable[tuple[int, int, int | None]]:
-        return self._read(lambda s: s.simhashes())
+    def simhashes(
+        self, after_id: int = 0, limit: int | None = None
+    ) -> list[tuple[int, int, int | None]]:
+        return self._read(lambda s: s.simhashes(after_id, limit))
 
     def reparse_candidates(
         self, where_failed: bool, after_id: int, limit: int

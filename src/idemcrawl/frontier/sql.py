@@ -48,6 +48,9 @@ from .store import (
     first_live,
 )
 
+#: A ``LIMIT`` both engines read as "no limit" (SQLite takes -1, PostgreSQL NULL or ALL).
+_NO_LIMIT = 2**62
+
 
 class SQLStore:
     """One transaction's operations on a DB-API cursor, in a dialect (see ``store.Store``)."""
@@ -556,8 +559,12 @@ class SQLStore:
             names,
         )
 
-    def known_urls(self) -> list[str]:
-        return [r[0] for r in self._x("SELECT url FROM urls").fetchall()]
+    def known_urls(self, after_id: int, limit: int | None) -> list[tuple[int, str]]:
+        rows = self._x(
+            "SELECT url_id, url FROM urls WHERE url_id > ? ORDER BY url_id LIMIT ?",
+            (after_id, _NO_LIMIT if limit is None else limit),
+        ).fetchall()
+        return [(int(r[0]), r[1]) for r in rows]
 
     def existing_urls(self, candidates: Sequence[str]) -> set[str]:
         found: set[str] = set()
@@ -594,12 +601,21 @@ class SQLStore:
             out.update((d, (f, int(o), int(n), u)) for d, f, o, n, u in cur.fetchall())
         return out
 
-    def body_digests(self) -> list[str]:
-        return [r[0] for r in self._x("SELECT payload_digest FROM bodies").fetchall()]
+    def body_digests(self, after: str, limit: int | None) -> list[str]:
+        return [
+            r[0]
+            for r in self._x(
+                "SELECT payload_digest FROM bodies WHERE payload_digest > ? "
+                "ORDER BY payload_digest LIMIT ?",
+                (after, _NO_LIMIT if limit is None else limit),
+            ).fetchall()
+        ]
 
-    def simhashes(self) -> list[tuple[int, int, int | None]]:
+    def simhashes(self, after_id: int, limit: int | None) -> list[tuple[int, int, int | None]]:
         rows = self._x(
-            "SELECT url_id, simhash, near_dup_of FROM urls WHERE simhash IS NOT NULL"
+            "SELECT url_id, simhash, near_dup_of FROM urls WHERE url_id > ? "
+            "AND simhash IS NOT NULL ORDER BY url_id LIMIT ?",
+            (after_id, _NO_LIMIT if limit is None else limit),
         ).fetchall()
         return [(int(u), int(h) & 0xFFFFFFFFFFFFFFFF, n) for u, h, n in rows]
 
