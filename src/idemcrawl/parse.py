@@ -14,6 +14,8 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import json as jsonlib
 import multiprocessing
 import operator
 import os
@@ -36,7 +38,18 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 from . import url as urls
 from .dedup import page_simhash
 from .encoding import detect_encoding
-from .frontier.base import DOWNLOAD, PAGE, REQUISITE, SITEMAP, NewURL, RecordWrite, canonical_json
+from .frontier.base import (
+    DOWNLOAD,
+    METHODS,
+    PAGE,
+    REQUISITE,
+    SITEMAP,
+    NewURL,
+    RecordWrite,
+    RequestSpec,
+    canonical_json,
+    request_key,
+)
 from .html_text import reader_text
 from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
@@ -86,6 +99,116 @@ class Download:
 
     url: str
     priority: int = 0
+
+
+#: Headers the HTTP client owns: a spider setting them would break the exchange's framing.
+_MANAGED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te"}
+)
+_UNSET: Any = object()
+
+
+def _json_text(value: Any, what: str) -> str:
+    """Strict JSON (no NaN, no ``default=``): what is stored is exactly what comes back."""
+    try:
+        return jsonlib.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{what} must be JSON-serialisable (it is stored in the frontier): {exc}"
+        ) from None
+
+
+class Request:
+    """A URL to fetch, and how: the method, headers and body to send, the spider method that
+    parses the response (``callback``, by name) and context for it (``data``, given back as
+    ``page.data``).
+
+    Everything here is stored with the URL in the frontier, so after any crash the URL is
+    fetched the same way and parsed by the same callback with the same context. Hence
+    ``data`` must be a JSON object and ``callback`` a method of the spider, named or given
+    (``self.parse_item``); both are checked where the request is made or yielded, not when
+    the response comes back. ``json=`` sends a JSON body (POST unless ``method`` says
+    otherwise). Identity for dedup is method + URL + body (``frontier.base.request_key``):
+    callback, data, headers and priority do not make a request new.
+    """
+
+    __slots__ = ("body", "callback", "data", "headers", "method", "priority", "url")
+
+    def __init__(
+        self,
+        url: str,
+        callback: str | Callable[..., Any] | None = None,
+        data: dict[str, Any] | None = None,
+        *,
+        method: str | None = None,
+        headers: dict[str, str] | Iterable[tuple[str, str]] | None = None,
+        body: bytes | str | None = None,
+        json: Any = _UNSET,
+        priority: int = 0,
+    ) -> None:
+        if not isinstance(url, str) or not url:
+            raise TypeError(f"Request url must be a non-empty str, got {url!r}")
+        self.url = url
+        if callback is not None and not isinstance(callback, str):
+            name = getattr(callback, "__name__", None)
+            if not (inspect.ismethod(callback) or inspect.isfunction(callback)) or not name:
+                raise TypeError(
+                    f"Request callback must be a spider method or its name, got {callback!r}"
+                )
+            callback = name
+        self.callback: str | None = None if callback in (None, "parse") else callback
+        if data is not None and not isinstance(data, dict):
+            raise TypeError(f"Request data must be a dict, got {type(data).__name__}")
+        self.data: dict[str, Any] = data or {}
+        _json_text(self.data, "Request data")
+        pairs: list[tuple[str, str]] = []
+        items = headers.items() if isinstance(headers, dict) else (headers or ())
+        for name, value in items:
+            name, value = str(name), str(value)
+            if name.lower() in _MANAGED_HEADERS:
+                raise ValueError(f"Request header {name!r} is set by the HTTP client, not a spider")
+            if "\r" in name + value or "\n" in name + value:
+                raise ValueError(f"Request header {name!r} contains a line break")
+            pairs.append((name, value))
+        if json is not _UNSET:
+            if body is not None:
+                raise ValueError("Request takes body= or json=, not both")
+            body = _json_text(json, "Request json").encode()
+            if not any(n.lower() == "content-type" for n, _ in pairs):
+                pairs.append(("Content-Type", "application/json"))
+            method = method or "POST"
+        self.method = (method or "GET").upper()
+        if self.method not in METHODS:
+            raise ValueError(f"Request method {method!r} is not one of {', '.join(METHODS)}")
+        self.headers: tuple[tuple[str, str], ...] = tuple(pairs)
+        self.body: bytes | None = body.encode() if isinstance(body, str) else body
+        if self.body is not None and not isinstance(self.body, bytes):
+            raise TypeError(f"Request body must be bytes or str, got {type(body).__name__}")
+        self.priority = int(priority)
+
+    def spec(self) -> RequestSpec | None:
+        """What the frontier stores for it; None for a plain GET parsed by ``parse``."""
+        if (
+            self.method == "GET"
+            and self.callback is None
+            and not self.data
+            and not self.headers
+            and not self.body
+        ):
+            return None
+        return RequestSpec(
+            self.method,
+            self.callback,
+            _json_text(self.data, "Request data") if self.data else None,
+            _json_text([list(p) for p in self.headers], "headers") if self.headers else None,
+            self.body,
+        )
+
+    def __repr__(self) -> str:
+        cb = f" callback={self.callback}" if self.callback else ""
+        return f"<Request {self.method} {self.url}{cb}>"
 
 
 class Node:
@@ -144,17 +267,81 @@ class Page:
         depth: int = 0,
         scope_hosts: frozenset[str] = frozenset(),
         scope: str = "any",
+        request: RequestSpec | None = None,
     ) -> None:
         self.url = url
         self.status = status
         self.headers = headers
         self.body = body
         self.depth = depth
+        #: How this URL was requested (None: a plain GET for ``parse``).
+        self.request = request
         self._scope_hosts = scope_hosts
         self._scope = scope
         #: What :meth:`links` returned, with each URL's host key: normalised and in scope
         #: already, so the parser does not redo that when the spider yields them.
         self._checked_links: dict[str, str] = {}
+
+    @property
+    def method(self) -> str:
+        return self.request.method if self.request else "GET"
+
+    @property
+    def callback(self) -> str:
+        """The name of the spider method this page was fetched for."""
+        return (self.request.callback if self.request else None) or "parse"
+
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        """The context the request carried (``Request(data=…)``), back from the frontier: the
+        same after any restart. Empty when the request had none."""
+        if self.request is None or not self.request.data:
+            return {}
+        value = jsonlib.loads(self.request.data)
+        return value if isinstance(value, dict) else {}
+
+    def json(self) -> Any:
+        """The body parsed as JSON (any content type); ValueError with the reason if it is not."""
+        try:
+            return jsonlib.loads(self.text)
+        except ValueError as exc:
+            raise ValueError(f"{self.url}: body is not JSON: {exc}") from None
+
+    def follow(
+        self, href: str | Node, callback: str | Callable[..., Any] | None = None,
+        data: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> Request:  # fmt: skip
+        """A :class:`Request` for ``href`` (a string or an ``<a>``/``<link>`` node) resolved
+        against this page, like the links of the page itself."""
+        if isinstance(href, Node):
+            value = href.attrs.get("href") or href.attrs.get("src")
+            if not value:
+                raise ValueError(f"follow() got {href!r}, which has no href")
+            href = value
+        url = self.resolver.resolve(href.strip())
+        return Request(url, callback, data, **kwargs)
+
+    def follow_all(
+        self, hrefs: Iterable[str | Node] | None = None, *, css: str | None = None,
+        callback: str | Callable[..., Any] | None = None, data: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Request]:  # fmt: skip
+        """Requests for every ``href`` given, or for the ``href`` of every element ``css``
+        selects (``page.follow_all(css="a.product")``), each once, in document order; hrefs
+        that are not valid URLs are skipped."""
+        if (hrefs is None) == (css is None):
+            raise ValueError("follow_all takes hrefs or css=, exactly one of them")
+        items: Iterable[str | Node] = hrefs if hrefs is not None else self.css(css or "")
+        out: dict[str, Request] = {}
+        for h in items:
+            if isinstance(h, Node) and not (h.attrs.get("href") or h.attrs.get("src")):
+                continue
+            try:
+                req = self.follow(h, callback, data, **kwargs)
+            except urls.InvalidURL:
+                continue
+            out.setdefault(req.url, req)
+        return list(out.values())
 
     @property
     def content_type(self) -> str:
@@ -271,6 +458,12 @@ class Spider:
     ``parse`` yields :class:`Record` items and URLs (``str`` or :class:`Link`) to follow. The
     default implementation follows every in-scope link and stores no records, which makes a plain
     crawler out of the base class.
+
+    A spider may have more callbacks: any method taking a :class:`Page`, named by a
+    :class:`Request` (``Request(url, callback="parse_item", data={...})`` or
+    ``page.follow(href, self.parse_item)``); its page then has ``page.data``. A callback named
+    explicitly gets the response whatever its content type (JSON, images, …); ``parse`` gets
+    HTML only unless ``parse_non_html`` is set.
     """
 
     name: str = "default"
@@ -339,10 +532,15 @@ class ParseJob:
     body: bytes
     depth: int
     kind: str = PAGE
+    #: The lease's request spec: which callback, with what context (None: ``parse``).
+    request: RequestSpec | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A plain tuple on the wire: the dataclass default pickles a field dict per object.
-        return (ParseJob, (self.url, self.status, self.headers, self.body, self.depth, self.kind))
+        return (
+            ParseJob,
+            (self.url, self.status, self.headers, self.body, self.depth, self.kind, self.request),
+        )
 
 
 @dataclass(slots=True)
@@ -427,7 +625,9 @@ class Parser:
             # Redirects are followed by the crawler, not the HTTP library: the target becomes a
             # URL of its own and goes through the same discovery path (R14).
             loc = job.headers.get("location")
-            if loc:
+            if loc and job.request is not None:
+                self._redirect_request(result, loc, job, depth)
+            elif loc:
                 self._follow(result, loc, job.url, depth, 0, job.kind)
             return result
         if job.kind == SITEMAP:
@@ -442,15 +642,21 @@ class Parser:
             depth=job.depth,
             scope_hosts=self.scope_hosts,
             scope=self.scope,
+            request=job.request,
         )
-        if job.status >= 400 or not (page.is_html or self.spider.parse_non_html):
+        callback = job.request.callback if job.request else None
+        if job.status >= 400 or not (
+            page.is_html or self.spider.parse_non_html or callback is not None
+        ):
             return result
         try:
-            for item in self.spider.parse(page) or ():
+            for item in self._callback(callback)(page) or ():
                 if isinstance(item, str):
                     self._follow_page_link(result, item, page, depth, 0)
                 elif isinstance(item, Record):
                     result.records.append(self._record(item))
+                elif isinstance(item, Request):
+                    self._request(result, item, page, depth)
                 elif isinstance(item, Link):
                     self._follow_page_link(result, item.url, page, depth, item.priority)
                 elif isinstance(item, Download):
@@ -460,7 +666,7 @@ class Parser:
                 else:
                     raise TypeError(
                         f"spider yielded {type(item).__name__}; "
-                        "expected Record, Link, Download or str"
+                        "expected Record, Request, Link, Download or str"
                     )
             if page.is_html:
                 result.canonical = _canonical_hint(page)
@@ -475,6 +681,62 @@ class Parser:
         except Exception as exc:  # a spider bug must fail this URL, not the crawl
             return ParseResult(error=f"parse error: {type(exc).__name__}: {exc}"[:500])
         return result
+
+    def _callback(self, name: str | None) -> Callable[[Page], Iterable[Any]]:
+        """The spider method called ``name`` (``parse`` for None)."""
+        fn = getattr(self.spider, name or "parse", None)
+        if not callable(fn) or (name or "").startswith("_"):
+            raise ValueError(
+                f"unknown callback {name!r}: {type(self.spider).__name__} has no such method"
+            )
+        return fn  # type: ignore[no-any-return]
+
+    def check_request(self, req: Request) -> RequestSpec | None:
+        """Refuse, when it is yielded, a request whose response could never be parsed: its
+        callback must be a public method of this spider (data was checked when it was made)."""
+        if req.callback is not None:
+            self._callback(req.callback)
+        return req.spec()
+
+    def _request(self, result: ParseResult, req: Request, page: Page, depth: int) -> None:
+        """A yielded :class:`Request`: checked, then the same discovery path as a link, its
+        frontier key carrying method and body (``request_key``) and its spec stored with it."""
+        spec = self.check_request(req)
+        try:
+            u = page.resolver.resolve(req.url)
+        except urls.InvalidURL:
+            _count(result.rejected, "invalid_url")
+            return
+        if not urls.in_scope(u, self.scope_hosts, self.scope):
+            _count(result.rejected, "out_of_scope")
+            return
+        key = request_key(u, req.method, req.body)
+        self._accept(result, u, urls.host_key(u), depth, req.priority, PAGE, key, spec)
+
+    def _redirect_request(self, result: ParseResult, loc: str, job: ParseJob, depth: int) -> None:
+        """A redirect of a request with a spec: the target keeps its callback, context and
+        headers; 301/302/303 turn a POST (any method but HEAD) into a GET without a body, as
+        browsers do; 307/308 repeat the method and body."""
+        spec = job.request
+        assert spec is not None
+        try:
+            target = urls.normalise(loc, job.url.partition("#")[0])
+        except urls.InvalidURL:
+            _count(result.rejected, "invalid_url")
+            return
+        if not urls.in_scope(target, self.scope_hosts, self.scope):
+            _count(result.rejected, "out_of_scope")
+            return
+        if job.status not in (307, 308) and spec.method not in ("GET", "HEAD"):
+            body_headers = ("content-type", "content-encoding")
+            pairs = [p for p in spec.header_pairs() if p[0].lower() not in body_headers]
+            headers = _json_text([list(p) for p in pairs], "headers") if pairs else None
+            spec = RequestSpec("GET", spec.callback, spec.data, headers, None)
+        if spec == RequestSpec():
+            key, spec_or_none = target, None
+        else:
+            key, spec_or_none = request_key(target, spec.method, spec.body), spec
+        self._accept(result, target, urls.host_key(target), depth, 0, job.kind, key, spec_or_none)
 
     def _requisites(self, result: ParseResult, page: Page, depth: int) -> None:
         """A page's requisites enter the frontier on any host (each host under its own
@@ -533,13 +795,23 @@ class Parser:
         self._accept(result, u, urls.host_key(u), depth, prio, kind)
 
     def _accept(
-        self, result: ParseResult, url: str, hk: str, depth: int, prio: int, kind: str
+        self,
+        result: ParseResult,
+        url: str,
+        hk: str,
+        depth: int,
+        prio: int,
+        kind: str,
+        key: str | None = None,
+        request: RequestSpec | None = None,
     ) -> None:
+        """Add a link that passes the trap checks; ``key`` is its frontier key when that is
+        not the URL itself (a non-GET request)."""
         trap = self._check_url(url, depth)
         if trap is not None:
             _count(result.rejected, reason_class(trap))
             return
-        result.links.append(NewURL(url, hk, prio, depth, kind=kind))
+        result.links.append(NewURL(key or url, hk, prio, depth, kind=kind, request=request))
 
     def _check_url(self, url: str, depth: int) -> str | None:
         """``check_url(url, depth, limits)``, with the URL-only part cached by URL."""

@@ -36,6 +36,14 @@ T = TypeVar("T")
 RECENT_BODIES = 4096
 
 
+
+def _request_of(lease: Lease) -> dict[str, Any]:
+    """The request's method and body for the WARC request record (a plain GET: nothing)."""
+    spec = lease.request
+    if spec is None:
+        return {}
+    return {"method": spec.method, "request_body": spec.body or b""}
+
 class ArchiveFailed(Exception):
     """The store refused a write; the crawl is stopping, and this page must not commit."""
 
@@ -131,6 +139,10 @@ class Archiver:
             "links": [u.url for u in links],
             "records": len(result.records),
         }
+        if lease.request is not None:  # how it was asked for, as the frontier keeps it
+            metadata["request_key"] = lease.url
+            metadata["callback"] = lease.request.callback
+            metadata["data"] = lease.request.data
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writing[body_digest] = done
         try:
@@ -193,7 +205,8 @@ class Archiver:
         return await self._store(
             partial(
                 store.write_revisit,
-                url=lease.url,
+                url=lease.fetch_url,
+                **_request_of(lease),
                 fetched_at=self._clock.time() - res.elapsed,  # WARC-Date: request sent
                 request_headers=res.request_headers,
                 status=res.status,
@@ -215,7 +228,8 @@ class Archiver:
         return await self._store(
             partial(
                 store.write_exchange,
-                url=lease.url,
+                url=lease.fetch_url,
+                **_request_of(lease),
                 fetched_at=self._clock.time() - res.elapsed,
                 request_headers=res.request_headers,
                 status=res.status,

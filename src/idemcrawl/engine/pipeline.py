@@ -51,7 +51,14 @@ class PageFetcher(Protocol):
     """What the engine needs of a fetcher (:class:`idemcrawl.fetch.Fetcher` is one): a
     response as data, redirects not followed; FetchError when there is no HTTP response."""
 
-    async def fetch(self, url: str, headers: dict[str, str] | None = None) -> FetchResult: ...
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | list[tuple[str, str]] | None = None,
+        *,
+        method: str = "GET",
+        body: bytes | None = None,
+    ) -> FetchResult: ...
 
 
 def conditional_headers(lease: Lease) -> dict[str, str]:
@@ -143,8 +150,20 @@ class Pipeline:
                 return None  # the crawl is stopping; the lease returns and a restart refetches
         s = self.summary
         conditional = conditional_headers(lease)
+        spec = lease.request
         try:
-            res = await self.fetcher.fetch(lease.url, conditional or None)
+            if spec is None:
+                res = await self.fetcher.fetch(lease.url, conditional or None)
+            else:
+                # A spider's request: its method, headers and body, the same after any restart
+                # (I11). Validators only make sense for a GET.
+                headers = [*conditional.items()] if spec.method == "GET" else []
+                res = await self.fetcher.fetch(
+                    lease.fetch_url,
+                    [*headers, *spec.header_pairs()] or None,
+                    method=spec.method,
+                    body=spec.body,
+                )
         except FetchError as exc:
             s.count_error(exc.kind)
             if exc.kind == "blocked":
@@ -170,7 +189,10 @@ class Pipeline:
             return None  # the crawl is stopping; the lease returns and a restart refetches
 
     async def _page(self, lease: Lease, res: FetchResult) -> Outcome:
-        job = ParseJob(lease.url, res.status, res.headers, res.body, lease.depth, lease.kind)
+        job = ParseJob(
+            lease.fetch_url, res.status, res.headers, res.body, lease.depth, lease.kind,
+            lease.request,
+        )  # fmt: skip
         result = await self._parse(job)
         links = result.links
         counters: dict[str, int] = {}
@@ -306,7 +328,7 @@ class Pipeline:
         """R14: the target is a URL of its own (scope, robots, SSRF and dedup apply to it as to
         any link) one hop further; past ``max_redirects`` hops the chain is cut and recorded."""
         try:
-            target: str | None = urls.normalise(location, lease.url)
+            target: str | None = urls.normalise(location, lease.fetch_url)
         except urls.InvalidURL:
             target = None
         hops = lease.hops + 1

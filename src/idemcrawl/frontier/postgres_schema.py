@@ -218,5 +218,17 @@ CREATE TABLE bodies (
     first_seen     DOUBLE PRECISION NOT NULL
 )""",
     ),
+    # 4: requests as data (issue 16; see sqlite.py).
+    (
+        """
+CREATE TABLE requests (
+    url_id   BIGINT PRIMARY KEY,
+    method   TEXT NOT NULL,
+    callback TEXT,
+    data     TEXT,
+    headers  TEXT,
+    body     BYTEA
+)""",
+    ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..politeness import MAX_STREAK_SHIFT
-from .base import STATES, Completion, FrontierStats, Lease, NewURL, Progress
+from .base import STATES, Completion, FrontierStats, Lease, NewURL, Progress, RequestSpec
 from .sql_dialect import (
     FAIL_SET,
     FENCE,
@@ -286,6 +286,25 @@ class SQLStore:
 
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
         return self._xm(INSERT_URL, [url_values(u, now) for u in urls])
+
+    def insert_requests(self, rows: Sequence[tuple[str, RequestSpec]]) -> None:
+        self._xm(
+            "INSERT INTO requests(url_id, method, callback, data, headers, body) "
+            "SELECT url_id, ?, ?, ?, ?, ? FROM urls WHERE url = ? ON CONFLICT DO NOTHING",
+            [(r.method, r.callback, r.data, r.headers, r.body, key) for key, r in rows],
+        )
+
+    def requests_of(self, url_ids: Sequence[int]) -> dict[int, RequestSpec]:
+        out: dict[int, RequestSpec] = {}
+        query = (
+            "SELECT url_id, method, callback, data, headers, body FROM requests "
+            "WHERE url_id {in}"
+        )
+        for cur in self._in(query, list(url_ids)):
+            for url_id, method, callback, data, headers, body in cur.fetchall():
+                body = None if body is None else bytes(body)
+                out[int(url_id)] = RequestSpec(method, callback, data, headers, body)
+        return out
 
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self._xm(UPSERT_RECORD, rows)

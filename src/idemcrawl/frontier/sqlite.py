@@ -196,6 +196,20 @@ CREATE TABLE bodies (
     first_seen     REAL    NOT NULL
 );
 """,
+    # 4: requests as data (issue 16): how a URL is fetched and parsed when that is not a plain
+    # GET for the spider's parse(). Sparse: only URLs that have one get a row, in the same
+    # transaction as the URL (frontier/base.py I11); the key of a non-GET URL carries its
+    # method and body digest (base.request_key).
+    """
+CREATE TABLE requests (
+    url_id   INTEGER PRIMARY KEY,   -- urls.url_id
+    method   TEXT    NOT NULL,      -- GET, POST, ...
+    callback TEXT,                  -- the spider method's name; NULL: parse
+    data     TEXT,                  -- the context a callback gets as page.data (JSON)
+    headers  TEXT,                  -- extra request headers, JSON [[name, value], ...]
+    body     BLOB                   -- request body
+);
+""",
 ]
 
 assert len(MIGRATIONS) == SCHEMA_VERSION

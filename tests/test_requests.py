@@ -1,0 +1,211 @@
+"""Requests as data on the spider side: Request, page.follow/follow_all, callbacks by name,
+page.data, and what the parser hands the frontier (issue 16, deliverable 1)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from idemcrawl.frontier.base import RequestSpec, request_key
+from idemcrawl.parse import Page, ParseJob, Parser, Record, Request, Spider
+
+BASE = "http://shop.test"
+LISTING = (
+    b"<html><body><ul>"
+    b"<li class='item' data-cat='books'><a class='p' href='/item/1'>one</a></li>"
+    b"<li class='item' data-cat='toys'><a class='p' href='item/2'>two</a></li>"
+    b"<li class='item'><a class='p'>no href</a></li>"
+    b"</ul><a class='next' href='/list?page=2'>next</a></body></html>"
+)
+HTML = {"content-type": "text/html; charset=utf-8"}
+
+
+class Shop(Spider):
+    name = "shop"
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        for li in page.css("li.item"):
+            a = li.css_first("a.p")
+            if a is not None and a.attrs.get("href"):
+                yield page.follow(a, self.parse_item, data={"cat": li.attrs["data-cat"]})
+        yield page.follow(page.css_first("a.next"))  # type: ignore[arg-type]
+        yield Request(f"{BASE}/search", "parse_results", {"q": "tea"}, method="POST", body="q=tea")
+        yield Request(f"{BASE}/api", "parse_api", json={"offset": 0})
+
+    def parse_item(self, page: Page) -> Iterator[Record]:
+        yield Record(page.url, {"cat": page.data["cat"], "callback": page.callback})
+
+    def parse_results(self, page: Page) -> Iterator[Record]:
+        yield Record("results", {"method": page.method, "data": page.data})
+
+    def parse_api(self, page: Page) -> Iterator[Record]:
+        yield Record("api", page.json())
+
+
+class Bad(Spider):
+    name = "bad"
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        yield Request(f"{BASE}/x", callback=page.url.rsplit("/", 1)[1])
+
+    def _private(self, page: Page) -> Iterator[Any]:
+        yield from ()
+
+
+def parser(spider: type[Spider]) -> Parser:
+    p = Parser(None, frozenset({BASE}), "host")
+    p.spider = spider()
+    p.source = spider.name
+    return p
+
+
+def job(url: str, body: bytes, request: RequestSpec | None = None, **kw: Any) -> ParseJob:
+    return ParseJob(url, kw.pop("status", 200), kw.pop("headers", HTML), body, 0, "page", request)
+
+
+def test_listing_yields_requests_with_specs_and_keys() -> None:
+    result = parser(Shop).run(job(f"{BASE}/list", LISTING))
+    assert result.error is None
+    links = {u.url: u for u in result.links}
+    assert links[f"{BASE}/item/1"].request == RequestSpec(
+        callback="parse_item", data='{"cat":"books"}'
+    )
+    assert links[f"{BASE}/item/2"].request == RequestSpec(
+        callback="parse_item", data='{"cat":"toys"}'
+    )
+    # A plain GET for parse costs no spec at all.
+    assert links[f"{BASE}/list?page=2"].request is None
+    post = request_key(f"{BASE}/search", "POST", b"q=tea")
+    assert links[post].request == RequestSpec(
+        "POST", "parse_results", '{"q":"tea"}', None, b"q=tea"
+    )
+    api = request_key(f"{BASE}/api", "POST", b'{"offset":0}')
+    spec = links[api].request
+    assert spec is not None and spec.header_pairs() == [("Content-Type", "application/json")]
+    assert all(u.host_key == BASE for u in result.links)
+
+
+def test_callback_by_name_gets_its_context_back() -> None:
+    spec = RequestSpec(callback="parse_item", data='{"cat":"books"}')
+    result = parser(Shop).run(job(f"{BASE}/item/1", b"<p>x</p>", spec))
+    assert result.error is None
+    (rec,) = result.records
+    assert json.loads(rec.data_json) == {"cat": "books", "callback": "parse_item"}
+    post = RequestSpec("POST", "parse_results", '{"q":"tea"}', None, b"q=tea")
+    (rec,) = parser(Shop).run(job(f"{BASE}/search", b"<p>r</p>", post)).records
+    assert json.loads(rec.data_json) == {"method": "POST", "data": {"q": "tea"}}
+
+
+def test_non_html_reaches_the_callback_that_asked_for_it() -> None:
+    body = b'{"items": [1, 2]}'
+    headers = {"content-type": "application/json"}
+    spec = RequestSpec("POST", "parse_api", None, None, b"{}")
+    (rec,) = parser(Shop).run(job(f"{BASE}/api", body, spec, headers=headers)).records
+    assert json.loads(rec.data_json) == {"items": [1, 2]}
+    # parse() still only sees HTML unless the spider asks for more (unchanged behaviour).
+    assert parser(Shop).run(job(f"{BASE}/api", body, headers=headers)).records == []
+
+
+@pytest.mark.parametrize("name", ["parse_nothing", "_private", "name"])
+def test_unknown_callback_fails_the_page_that_yields_it(name: str) -> None:
+    result = parser(Bad).run(job(f"{BASE}/{name}", b"<p>x</p>"))
+    assert result.error is not None
+    assert f"unknown callback {name!r}" in result.error and "Bad" in result.error
+    assert result.links == []
+
+
+def test_unknown_callback_of_a_stored_request_fails_its_url() -> None:
+    """A spider renamed its callback after the URL was stored: that URL fails with the name."""
+    result = parser(Shop).run(job(f"{BASE}/x", b"<p/>", RequestSpec(callback="gone")))
+    assert result.error is not None and "unknown callback 'gone'" in result.error
+
+
+def test_request_refuses_what_could_not_be_stored_or_sent() -> None:
+    with pytest.raises(TypeError, match="Request data must be JSON-serialisable"):
+        Request(f"{BASE}/x", "parse_item", {"when": {1, 2}})
+    with pytest.raises(TypeError, match="JSON-serialisable"):
+        Request(f"{BASE}/x", data={"x": float("nan")})
+    with pytest.raises(TypeError, match="must be a dict"):
+        Request(f"{BASE}/x", data=[1, 2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Request json must be JSON-serialisable"):
+        Request(f"{BASE}/x", json=object())
+    with pytest.raises(ValueError, match="not one of"):
+        Request(f"{BASE}/x", method="BREW")
+    with pytest.raises(ValueError, match="set by the HTTP client"):
+        Request(f"{BASE}/x", headers={"Content-Length": "3"})
+    with pytest.raises(ValueError, match="line break"):
+        Request(f"{BASE}/x", headers={"X-A": "a\r\nX-B: b"})
+    with pytest.raises(ValueError, match="not both"):
+        Request(f"{BASE}/x", body=b"a", json={})
+    with pytest.raises(TypeError, match="spider method or its name"):
+        Request(f"{BASE}/x", callback=print)
+
+
+def test_non_json_data_is_refused_when_yielded() -> None:
+    class Sloppy(Spider):
+        def parse(self, page: Page) -> Iterator[Any]:
+            req = Request(f"{BASE}/x", "parse")
+            req.data = {"t": object()}  # changed after it was made
+            yield req
+
+    result = parser(Sloppy).run(job(f"{BASE}/", b"<p/>"))
+    assert result.error is not None and "JSON-serialisable" in result.error
+
+
+def test_follow_all_by_css_and_by_hrefs() -> None:
+    page = Page(f"{BASE}/list", 200, HTML, LISTING)
+    reqs = page.follow_all(css="a.p", callback="parse_item", data={"from": "list"})
+    assert [r.url for r in reqs] == [f"{BASE}/item/1", f"{BASE}/item/2"]
+    assert all(r.callback == "parse_item" and r.data == {"from": "list"} for r in reqs)
+    reqs = page.follow_all(["/a", "/a", "b", "http://[bad"])
+    assert [r.url for r in reqs] == [f"{BASE}/a", f"{BASE}/b"]
+    with pytest.raises(ValueError, match="exactly one"):
+        page.follow_all()
+    assert page.data == {} and page.callback == "parse" and page.method == "GET"
+
+
+def test_page_json_says_why_it_is_not_json() -> None:
+    assert Page(f"{BASE}/j", 200, {}, b'{"a": [1]}').json() == {"a": [1]}
+    with pytest.raises(ValueError, match="body is not JSON"):
+        Page(f"{BASE}/j", 200, {}, b"<html>").json()
+
+
+@pytest.mark.parametrize(
+    ("status", "method", "body"), [(302, "GET", None), (303, "GET", None), (307, "POST", b"q=1")]
+)
+def test_redirect_of_a_request_keeps_callback_and_context(
+    status: int, method: str, body: bytes | None
+) -> None:
+    spec = RequestSpec(
+        "POST", "parse_results", '{"q":"1"}', '[["Content-Type","text/plain"],["X-A","1"]]', b"q=1"
+    )
+    headers = {"location": "/results?id=7"}
+    result = parser(Shop).run(job(f"{BASE}/search", b"", spec, status=status, headers=headers))
+    (link,) = result.links
+    target = f"{BASE}/results?id=7"
+    assert link.url == request_key(target, method, body)
+    assert link.request is not None
+    assert (link.request.method, link.request.body) == (method, body)
+    assert (link.request.callback, link.request.data) == ("parse_results", '{"q":"1"}')
+    expected = (
+        [("Content-Type", "text/plain"), ("X-A", "1")] if method == "POST" else [("X-A", "1")]
+    )
+    assert link.request.header_pairs() == expected
+
+
+def test_plain_redirect_is_unchanged() -> None:
+    result = parser(Shop).run(job(f"{BASE}/old", b"", status=301, headers={"location": "/new"}))
+    (link,) = result.links
+    assert link.url == f"{BASE}/new" and link.request is None
+
+
+def test_out_of_scope_request_is_counted_not_followed() -> None:
+    class Out(Spider):
+        def parse(self, page: Page) -> Iterator[Any]:
+            yield Request("http://elsewhere.test/x", "parse", {"a": 1})
+
+    result = parser(Out).run(job(f"{BASE}/", b"<p/>"))
+    assert result.links == [] and result.rejected == {"out_of_scope": 1}
