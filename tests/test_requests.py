@@ -209,3 +209,60 @@ def test_out_of_scope_request_is_counted_not_followed() -> None:
 
     result = parser(Out).run(job(f"{BASE}/", b"<p/>"))
     assert result.links == [] and result.rejected == {"out_of_scope": 1}
+
+
+XDOC = (
+    b"<?xml version='1.0' encoding='utf-8'?>\n<html><body><div id='a'>"
+    b"<a class='p' href='/x'>X  one</a><a class='p' href='/y'>Y</a></div>"
+    b"<p>caf\xc3\xa9</p></body></html>"
+)
+
+
+def test_xpath_gives_elements_strings_and_clear_errors() -> None:
+    page = Page(f"{BASE}/doc", 200, HTML, XDOC)
+    links = page.xpath("//a[@class='p']")
+    assert [n.text() for n in links] == ["X one", "Y"]  # type: ignore[union-attr]
+    assert links[0].attrs == {"class": "p", "href": "/x"}  # type: ignore[union-attr]
+    assert page.xpath("//a/@href") == ["/x", "/y"]
+    assert page.xpath("//p/text()") == ["café"]
+    assert page.xpath("count(//a)") == ["2.0"]
+    div = page.xpath_first("//div[@id='a']")
+    assert div is not None and div.xpath(".//a/@href") == ["/x", "/y"]  # type: ignore[union-attr]
+    assert page.xpath_first("//table") is None
+    reqs = page.follow_all(page.xpath("//a"), callback="parse_item")  # type: ignore[arg-type]
+    assert [r.url for r in reqs] == [f"{BASE}/x", f"{BASE}/y"]
+    with pytest.raises(ValueError, match="invalid XPath"):
+        page.xpath("//a[")
+    assert Page(f"{BASE}/e", 200, HTML, b"").xpath("//a") == []
+
+
+class Starts(Spider):
+    start_urls = ("http://a.test/b/../c#frag",)
+
+    def start_requests(self) -> Iterator[Any]:
+        yield from super().start_requests()
+        yield Request("http://b.test/login", self.login, {"user": "u"}, method="POST", body="x")
+
+    def login(self, page: Page) -> Iterator[Any]:
+        yield from ()
+
+
+def test_start_requests_become_keyed_urls_with_specs() -> None:
+    from idemcrawl.parse import start_links
+
+    first, login = start_links(Starts())
+    assert (first.url, first.host_key, first.priority, first.request) == (
+        "http://a.test/c", "http://a.test", 1, None,
+    )  # fmt: skip
+    assert login.url == request_key("http://b.test/login", "POST", b"x")
+    assert login.request == RequestSpec("POST", "login", '{"user":"u"}', None, b"x")
+
+    class Wrong(Spider):
+        start_urls = ("http://a.test/",)
+
+        def start_requests(self) -> Iterator[Any]:
+            yield Request("http://a.test/", "nope")
+
+    with pytest.raises(ValueError, match="unknown callback 'nope'"):
+        start_links(Wrong())
+    assert start_links(Spider()) == []

@@ -18,6 +18,7 @@ from idemcrawl.lab.testsite.sandbox import (
     CATEGORIES,
     SandboxConfig,
     SandboxServer,
+    expected_api,
     expected_items,
     expected_search,
     item_category,
@@ -58,9 +59,7 @@ def test_catalog_spider_carries_listing_context_to_details(tmp_path: Path) -> No
     finally:
         con.close()
     # Only the detail pages have a side-table row: the listings are plain GETs for parse.
-    assert sorted(rows) == sorted(
-        (f"{base}/item/{i}", "parse_item") for i in range(1, 21)
-    )
+    assert sorted(rows) == sorted((f"{base}/item/{i}", "parse_item") for i in range(1, 21))
     assert all(e["method"] == "GET" for e in log)
 
 
@@ -101,3 +100,25 @@ def test_callback_context_and_method_survive_sigkill(tmp_path: Path) -> None:
     assert all(e["content_type"] == "application/x-www-form-urlencoded" for e in searches)
     assert {server.form(e)["q"] for e in searches} == set(queries)
     assert all(e["method"] == "GET" for e in log if e["path"] != "/search")
+
+
+def test_a_spider_with_start_requests_needs_no_seed_and_gets_json(tmp_path: Path) -> None:
+    db = tmp_path / "api.db"
+    with SandboxServer() as server:
+        env = {"SANDBOX": server.base_url}
+        done = run(crawl_cmd(db, "examples/api.py:LoadMore"), env=env)
+        assert done.returncode == 0, done.stderr
+        # A second run adds the start request again: a no-op, nothing is fetched.
+        before = len(server.requests())
+        again = run(crawl_cmd(db, "examples/api.py:LoadMore"), env=env)
+        assert again.returncode == 0, again.stderr
+        assert len(server.requests()) == before
+    assert records(db) == expected_api(server.cfg)
+
+
+def test_a_new_crawl_without_seeds_or_start_requests_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "none.db"
+    done = run(crawl_cmd(db, "examples/catalog.py:Catalog"))
+    assert done.returncode == 2
+    assert "has no start_urls or start_requests" in done.stderr
+    assert not db.exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -288,7 +289,8 @@ def cmd_crawl(a: argparse.Namespace) -> int:
         host_budgets=a.host_budget,
     )
     cfg = layered_config(a.config, given, lists)
-    refused = refused_seeds((*cfg.seeds, *cfg.sitemaps), cfg.allow_private)
+    starts = _start_urls(cfg)
+    refused = refused_seeds((*cfg.seeds, *cfg.sitemaps, *starts), cfg.allow_private)
     if refused:  # a setting, not a failure to remember: nothing is written (R18, #18)
         raise UsageError("; ".join(r.message() for r in refused))
     # A live table on a terminal, JSON lines on stderr otherwise (or with --json), none --quiet.
@@ -310,6 +312,27 @@ def cmd_crawl(a: argparse.Namespace) -> int:
     if summary.fatal:
         print(f"idemcrawl crawl: error: {summary.fatal}; rerun to resume", file=sys.stderr)
     return summary.exit_status()
+
+
+def _start_urls(cfg: Any) -> list[str]:
+    """The URLs of the spider's start requests (checked like seeds), or a usage error when a
+    new crawl has neither seeds nor start requests."""
+    if not cfg.spider:
+        return []
+    from .frontier.base import request_url
+    from .parse import load_spider, start_links
+
+    spider = load_spider(cfg.spider)  # SpiderLoadError: a usage error, reported by main()
+    try:
+        links = start_links(spider())
+    except Exception as exc:  # the spider's own start_requests code
+        raise UsageError(f"spider start_requests: {type(exc).__name__}: {exc}") from None
+    if not links and not cfg.seeds and not cfg.sitemaps and not os.path.exists(cfg.db):
+        raise UsageError(
+            f"no seed URLs given, spider {cfg.spider} has no start_urls or start_requests, "
+            f"and no crawl database at {cfg.db!r} to resume"
+        )
+    return [request_url(u.url) for u in links]
 
 
 def cmd_control(a: argparse.Namespace) -> int:

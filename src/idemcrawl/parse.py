@@ -254,6 +254,49 @@ class Node:
         return f"<Node {self.tag}>"
 
 
+class XNode:
+    """An element found by :meth:`Page.xpath`: the lxml element behind a small stable API
+    (the same names as :class:`Node`), so spiders do not depend on lxml's."""
+
+    __slots__ = ("_el",)
+
+    def __init__(self, el: Any) -> None:
+        self._el = el
+
+    def text(self) -> str:
+        """The element's text, whitespace runs collapsed to one space and stripped."""
+        return " ".join("".join(self._el.itertext()).split())
+
+    @property
+    def attrs(self) -> dict[str, str]:
+        return dict(self._el.attrib)
+
+    @property
+    def tag(self) -> str:
+        return str(self._el.tag)
+
+    @property
+    def html(self) -> str:
+        from lxml import html as lxml_html
+
+        return str(lxml_html.tostring(self._el, encoding="unicode", with_tail=False))
+
+    def xpath(self, query: str) -> list[XNode | str]:
+        """``query`` relative to this element (``.//a/@href``)."""
+        return _xpath_results(self._el.xpath(query))
+
+    def __repr__(self) -> str:
+        return f"<XNode {self.tag}>"
+
+
+def _xpath_results(found: Any) -> list[XNode | str]:
+    """Elements as :class:`XNode`, strings (attributes, text()) as plain ``str``, a number or
+    boolean result as a one-item list of its string."""
+    if not isinstance(found, list):
+        return [str(found)]
+    return [str(x) if isinstance(x, str) else XNode(x) for x in found]
+
+
 class Page:
     """A fetched response as a spider sees it."""
 
@@ -308,12 +351,12 @@ class Page:
             raise ValueError(f"{self.url}: body is not JSON: {exc}") from None
 
     def follow(
-        self, href: str | Node, callback: str | Callable[..., Any] | None = None,
+        self, href: str | Node | XNode, callback: str | Callable[..., Any] | None = None,
         data: dict[str, Any] | None = None, **kwargs: Any,
     ) -> Request:  # fmt: skip
-        """A :class:`Request` for ``href`` (a string or an ``<a>``/``<link>`` node) resolved
+        """A :class:`Request` for ``href`` (a string or an element with ``href``/``src``) resolved
         against this page, like the links of the page itself."""
-        if isinstance(href, Node):
+        if isinstance(href, Node | XNode):
             value = href.attrs.get("href") or href.attrs.get("src")
             if not value:
                 raise ValueError(f"follow() got {href!r}, which has no href")
@@ -322,7 +365,7 @@ class Page:
         return Request(url, callback, data, **kwargs)
 
     def follow_all(
-        self, hrefs: Iterable[str | Node] | None = None, *, css: str | None = None,
+        self, hrefs: Iterable[str | Node | XNode] | None = None, *, css: str | None = None,
         callback: str | Callable[..., Any] | None = None, data: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Request]:  # fmt: skip
@@ -331,10 +374,10 @@ class Page:
         that are not valid URLs are skipped."""
         if (hrefs is None) == (css is None):
             raise ValueError("follow_all takes hrefs or css=, exactly one of them")
-        items: Iterable[str | Node] = hrefs if hrefs is not None else self.css(css or "")
+        items: Iterable[str | Node | XNode] = hrefs if hrefs is not None else self.css(css or "")
         out: dict[str, Request] = {}
         for h in items:
-            if isinstance(h, Node) and not (h.attrs.get("href") or h.attrs.get("src")):
+            if isinstance(h, Node | XNode) and not (h.attrs.get("href") or h.attrs.get("src")):
                 continue
             try:
                 req = self.follow(h, callback, data, **kwargs)
@@ -370,6 +413,40 @@ class Page:
     def css_first(self, selector: str) -> Node | None:
         n = self._tree.css_first(selector)
         return None if n is None else Node(n)
+
+    @cached_property
+    def _lxml_tree(self) -> Any:
+        """The document parsed by lxml, only when a spider uses XPath (selectolax, which
+        ``css()`` uses, has no XPath). Parsed from the bytes with the detected encoding, so an
+        XML declaration in the text cannot make lxml refuse it."""
+        from lxml import etree
+        from lxml import html as lxml_html
+
+        if not self.body.strip():
+            return None
+        parser = lxml_html.HTMLParser(encoding=self.encoding)
+        try:
+            return lxml_html.document_fromstring(self.body, parser=parser)
+        except (etree.ParserError, ValueError):
+            return None
+
+    def xpath(self, query: str) -> list[XNode | str]:
+        """XPath 1.0 over the page (lxml): elements as :class:`XNode`, attribute and text
+        results as ``str`` (``page.xpath("//a[@class='next']/@href")``). An invalid
+        expression raises ValueError with lxml's reason."""
+        from lxml import etree
+
+        tree = self._lxml_tree
+        if tree is None:
+            return []
+        try:
+            return _xpath_results(tree.xpath(query))
+        except etree.XPathError as exc:
+            raise ValueError(f"invalid XPath {query!r}: {exc}") from None
+
+    def xpath_first(self, query: str) -> XNode | str | None:
+        found = self.xpath(query)
+        return found[0] if found else None
 
     @cached_property
     def base_url(self) -> str:
@@ -469,9 +546,45 @@ class Spider:
     name: str = "default"
     #: Call ``parse`` for non-HTML responses too (their links are never extracted).
     parse_non_html: bool = False
+    #: Where a crawl with this spider starts (``crawl --spider`` then needs no seed URL).
+    start_urls: Iterable[str] = ()
+
+    def start_requests(self) -> Iterable[Request | Link | str]:
+        """The crawl's first requests, added (if new) at every start of a crawl process; their
+        hosts join the crawl's scope like seed URLs. By default ``start_urls``, for ``parse``."""
+        yield from self.start_urls
 
     def parse(self, page: Page) -> Iterable[Record | Link | str]:
         yield from page.links()
+
+
+def start_links(spider: Spider) -> list[NewURL]:
+    """The spider's :meth:`Spider.start_requests` as frontier URLs (normalised, keyed and
+    checked like yielded requests; priority 1 like seeds, plus the request's own)."""
+    out: list[NewURL] = []
+    for item in spider.start_requests() or ():
+        if isinstance(item, str):
+            item = Request(item)
+        elif isinstance(item, Link):
+            item = Request(item.url, priority=item.priority)
+        elif not isinstance(item, Request):
+            raise TypeError(
+                f"start_requests yielded {type(item).__name__}; expected Request, Link or str"
+            )
+        if item.callback is not None:
+            fn = getattr(spider, item.callback, None)
+            if not callable(fn) or item.callback.startswith("_"):
+                raise ValueError(
+                    f"unknown callback {item.callback!r}: "
+                    f"{type(spider).__name__} has no such method"
+                )
+        try:
+            u = urls.normalise(item.url)
+        except urls.InvalidURL as exc:
+            raise ValueError(f"start request {item.url!r} is not a valid URL: {exc}") from None
+        key = request_key(u, item.method, item.body)
+        out.append(NewURL(key, urls.host_key(u), 1 + item.priority, request=item.spec()))
+    return out
 
 
 class SpiderLoadError(Exception):
