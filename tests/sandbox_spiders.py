@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from examples.catalog import Catalog
@@ -34,3 +35,26 @@ class CatalogSearch(Catalog):
             assert name is not None and price is not None
             n = int(name.text().split()[-1])
             yield Record(f"{q}:{n}", {"query": q, "name": name.text(), "price": price.text()})
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    category: str
+    listing_page: int
+    rank: int
+    currency: str = "EUR"
+
+
+class StrictCatalog(Catalog):
+    """The catalogue with a record schema its records do not fit (price is text)."""
+
+    record_schema = Item
+
+
+class CleanCatalog(StrictCatalog):
+    """The fix: ``process_record`` turns the price into a number before validation."""
+
+    def process_record(self, record: Record) -> Record | None:
+        return Record(record.key, {**record.data, "price": float(record.data["price"])})

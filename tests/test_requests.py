@@ -266,3 +266,151 @@ def test_start_requests_become_keyed_urls_with_specs() -> None:
     with pytest.raises(ValueError, match="unknown callback 'nope'"):
         start_links(Wrong())
     assert start_links(Spider()) == []
+
+
+FORM = b"""<html><body>
+<form id='other' action='/elsewhere'><input name='x' value='1'></form>
+<form id='login' method='post' action='/login?next=%2Fhome'>
+  <input type='hidden' name='csrf' value='tok123'>
+  <input name='user' value='prefilled'>
+  <input type='password' name='password'>
+  <input type='checkbox' name='remember' checked>
+  <input type='checkbox' name='spam' value='yes'>
+  <input type='radio' name='plan' value='a'><input type='radio' name='plan' value='b' checked>
+  <input name='off' value='x' disabled>
+  <select name='lang'><option value='en'>English</option><option value='fr'>French</option></select>
+  <select name='tags' multiple>
+    <option selected>t1</option><option>t2</option><option selected>t3</option></select>
+  <textarea name='note'>hello
+world</textarea>
+  <input type='submit' name='go' value='Log in'>
+</form>
+<form id='find' action='/search?old=1'>
+  <input name='q'><input type='hidden' name='f' value='v1'></form>
+<form id='upload' method='post' enctype='multipart/form-data' action='/up'></form>
+</body></html>"""
+
+
+def test_from_form_keeps_hidden_fields_and_fills_in_data() -> None:
+    from urllib.parse import parse_qsl
+
+    from idemcrawl.parse import from_form
+
+    page = Page(f"{BASE}/login", 200, HTML, FORM)
+    req = from_form(
+        page,
+        "#login",
+        {"user": "demo", "password": "pw", "tags": ["a", "b"]},
+        callback="after_login",
+        context={"who": "demo"},
+    )
+    assert (req.method, req.url, req.callback, req.data) == (
+        "POST", f"{BASE}/login?next=%2Fhome", "after_login", {"who": "demo"},
+    )  # fmt: skip
+    assert ("Content-Type", "application/x-www-form-urlencoded") in req.headers
+    assert req.body is not None
+    assert parse_qsl(req.body.decode()) == [
+        ("csrf", "tok123"),
+        ("user", "demo"),
+        ("password", "pw"),
+        ("remember", "on"),
+        ("plan", "b"),
+        ("lang", "en"),
+        ("tags", "a"),
+        ("tags", "b"),
+        ("note", "hello\nworld"),
+    ]
+    get = from_form(page, "#find", {"q": "tea pot"})
+    assert (get.method, get.url, get.body) == ("GET", f"{BASE}/search?q=tea+pot&f=v1", None)
+    assert from_form(page).url == f"{BASE}/elsewhere?x=1"  # the first form
+    with pytest.raises(ValueError, match="no form matching '#nope'"):
+        from_form(page, "#nope")
+    with pytest.raises(ValueError, match="multipart/form-data forms are not supported"):
+        from_form(page, "#upload")
+
+
+def test_record_schema_validates_after_process_record() -> None:
+    from dataclasses import dataclass, field
+
+    from idemcrawl.parse import InvalidRecord, validate_record
+
+    @dataclass
+    class Thing:
+        name: str
+        price: float
+        tags: list[str] = field(default_factory=list)
+        note: str | None = None
+
+        def __post_init__(self) -> None:
+            if self.price < 0:
+                raise ValueError("price must not be negative")
+
+    assert validate_record(Thing, {"name": "a", "price": 2}) == {
+        "name": "a", "price": 2, "tags": [], "note": None,
+    }  # fmt: skip
+    cases = {
+        "unexpected field(s) colour": {"name": "a", "price": 1, "colour": "red"},
+        "missing field(s) price": {"name": "a"},
+        "field price is str '1.50', expected <class 'float'>": {"name": "a", "price": "1.50"},
+        "field note is int": {"name": "a", "price": 1, "note": 3},
+        "field price is bool": {"name": "a", "price": True},
+        "price must not be negative": {"name": "a", "price": -1},
+    }
+    for message, data in cases.items():
+        with pytest.raises(InvalidRecord, match=message.replace("(", r"\(").replace(")", r"\)")):
+            validate_record(Thing, data)
+
+    class Typed(Spider):
+        name = "typed"
+        record_schema = Thing
+
+        def parse(self, page: Page) -> Iterator[Any]:
+            yield Record("keep", {"name": " a ", "price": "3"})
+            yield Record("drop", {"name": "x", "price": "1"})
+
+        def process_record(self, record: Record) -> Record | None:
+            if record.key == "drop":
+                return None
+            return Record(record.key, {"name": record.data["name"].strip(), "price": 3.0})
+
+    (rec,) = parser(Typed).run(job(f"{BASE}/", b"<p/>")).records
+    assert json.loads(rec.data_json) == {"name": "a", "price": 3.0, "tags": [], "note": None}
+
+    class Untyped(Typed):
+        def process_record(self, record: Record) -> Record | None:
+            return record
+
+    result = parser(Untyped).run(job(f"{BASE}/", b"<p/>"))
+    assert result.records == [] and result.error is not None
+    assert "record 'keep' does not fit Thing: field price is str" in result.error
+
+
+def test_a_record_schema_must_be_a_dataclass_or_a_model(tmp_path: Any) -> None:
+    from idemcrawl.parse import SpiderLoadError, load_spider
+
+    path = tmp_path / "s.py"
+    path.write_text("from idemcrawl import Spider\nclass S(Spider):\n    record_schema = dict\n")
+    with pytest.raises(SpiderLoadError, match="must be a dataclass or a pydantic model"):
+        load_spider(f"{path}:S")
+
+
+def test_a_pydantic_style_schema_is_used_through_model_validate() -> None:
+    from idemcrawl.parse import InvalidRecord, validate_record
+
+    class Model:  # what pydantic v2 offers: model_validate(data).model_dump(mode="json")
+        def __init__(self, data: dict[str, Any]) -> None:
+            if not isinstance(data.get("n"), int):
+                raise ValueError("1 validation error for Model\nn: Input should be an integer")
+            self.data = {"n": data["n"], "kind": "model"}
+
+        @classmethod
+        def model_validate(cls, data: dict[str, Any]) -> Model:
+            return cls(data)
+
+        def model_dump(self, mode: str) -> dict[str, Any]:
+            assert mode == "json"
+            return self.data
+
+    assert validate_record(Model, {"n": 2}) == {"n": 2, "kind": "model"}
+    with pytest.raises(InvalidRecord, match="does not fit Model: 1 validation error"):
+        validate_record(Model, {"n": "x"})

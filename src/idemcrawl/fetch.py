@@ -530,6 +530,9 @@ class Fetcher:
             headers={"User-Agent": self.settings.user_agent, "Accept-Encoding": accept_encoding()},
             auto_decompress=False,  # we decode with limits; aiohttp would inflate unbounded
             response_class=_PeerResponse,
+            # No cookies of its own: a spider that wants a session keeps it in the frontier
+            # (idemcrawl.cookies), so it is the same in every process and after a restart.
+            cookie_jar=aiohttp.DummyCookieJar(),
             max_line_size=16 * 1024,
             max_field_size=16 * 1024,
         )

@@ -24,14 +24,17 @@ import signal
 import struct
 import sys
 import time
+import types
+import typing
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
+from urllib.parse import urlencode
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
@@ -548,6 +551,19 @@ class Spider:
     parse_non_html: bool = False
     #: Where a crawl with this spider starts (``crawl --spider`` then needs no seed URL).
     start_urls: Iterable[str] = ()
+    #: Keep a cookie jar for the crawl (a login's session): stored in the frontier, shared by
+    #: every crawl process, kept across restarts (``idemcrawl.cookies``). Off by default: a
+    #: broad crawl should not carry tracking cookies from page to page.
+    keep_cookies: bool = False
+    #: What every record's data must be: a dataclass or a pydantic model (anything with
+    #: ``model_validate``). A record that does not fit fails its URL with the reason (fix the
+    #: spider, then ``idemcrawl reparse --where-failed``); what is stored is the validated data
+    #: (defaults filled in).
+    record_schema: type | None = None
+
+    def process_record(self, record: Record) -> Record | None:
+        """Clean a record before it is validated and stored; None drops it."""
+        return record
 
     def start_requests(self) -> Iterable[Request | Link | str]:
         """The crawl's first requests, added (if new) at every start of a crawl process; their
@@ -556,6 +572,95 @@ class Spider:
 
     def parse(self, page: Page) -> Iterable[Record | Link | str]:
         yield from page.links()
+
+
+#: Input types a browser never submits by themselves (a submit button only when clicked).
+_UNSUBMITTED = frozenset({"submit", "button", "image", "reset", "file"})
+
+
+def _form_fields(form: Node) -> list[tuple[str, str]]:
+    """What a browser would submit for ``form`` as it stands: named, enabled controls, checked
+    boxes only, each select's chosen options (its first without a choice), textareas."""
+    fields: list[tuple[str, str]] = []
+    for el in form.css("input, select, textarea"):
+        attrs = el.attrs
+        name = attrs.get("name")
+        if not name or "disabled" in attrs:
+            continue
+        if el.tag == "input":
+            kind = (attrs.get("type") or "text").lower()
+            if kind in _UNSUBMITTED:
+                continue
+            if kind in ("checkbox", "radio"):
+                if "checked" in attrs:
+                    fields.append((name, attrs.get("value") or "on"))
+                continue
+            fields.append((name, attrs.get("value") or ""))
+        elif el.tag == "select":
+            options = el.css("option")
+            chosen = [o for o in options if "selected" in o.attrs]
+            if not chosen and options and "multiple" not in attrs:
+                chosen = options[:1]
+            for o in chosen:
+                value = o.attrs.get("value")
+                fields.append((name, value if value is not None else o.text()))
+        else:  # textarea
+            fields.append((name, el.text(raw=True)))
+    return fields
+
+
+def from_form(
+    page: Page,
+    css: str | None = None,
+    data: dict[str, str | Iterable[str]] | None = None,
+    *,
+    callback: str | Callable[..., Any] | None = None,
+    context: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    priority: int = 0,
+) -> Request:
+    """A :class:`Request` submitting the page's form (the first, or the first ``css`` selects)
+    the way a browser would: its hidden fields kept (CSRF tokens), its current values, then
+    ``data`` filled in (a name given replaces that field where it stands, a new name goes at
+    the end; a list gives several values). The
+    form's method (GET or POST, urlencoded) and action (resolved against the page) decide
+    where it goes; ``callback`` and ``context`` (the callback's ``page.data``) as for any
+    Request. A form that is missing or that needs multipart encoding is a ValueError.
+    """
+    form = page.css_first(css or "form")
+    if form is None or form.tag != "form":
+        what = f"matching {css!r}" if css else ""
+        raise ValueError(f"from_form: no form {what} on {page.url}".replace("  ", " "))
+    enctype = (form.attrs.get("enctype") or "").lower()
+    if enctype.startswith("multipart/"):
+        raise ValueError(f"from_form: {enctype} forms are not supported ({page.url})")
+    given = {
+        name: [value] if isinstance(value, str) else [str(v) for v in value]
+        for name, value in (data or {}).items()
+    }
+    fields: list[tuple[str, str]] = []
+    placed: set[str] = set()
+    for name, value in _form_fields(form):
+        if name not in given:
+            fields.append((name, value))
+        elif name not in placed:  # where the form has the field, as a browser sends it
+            fields += [(name, v) for v in given[name]]
+            placed.add(name)
+    fields += [(n, v) for n, vs in given.items() if n not in placed for v in vs]
+    method = (form.attrs.get("method") or "GET").upper()
+    action = (form.attrs.get("action") or "").strip() or page.url
+    url = page.resolver.resolve(action)
+    encoded = urlencode(fields)
+    if method != "POST":
+        base = url.split("?", 1)[0]
+        return Request(
+            f"{base}?{encoded}" if encoded else base, callback, context,
+            headers=headers, priority=priority,
+        )  # fmt: skip
+    sent = {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})}
+    return Request(
+        url, callback, context, method="POST", headers=sent, body=encoded, priority=priority
+    )
 
 
 def start_links(spider: Spider) -> list[NewURL]:
@@ -585,6 +690,72 @@ def start_links(spider: Spider) -> list[NewURL]:
         key = request_key(u, item.method, item.body)
         out.append(NewURL(key, urls.host_key(u), 1 + item.priority, request=item.spec()))
     return out
+
+
+class InvalidRecord(ValueError):
+    """A record that does not fit the spider's ``record_schema``."""
+
+
+def _type_ok(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` fits a simple annotation (None: not one we check)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_type_ok(value, h) for h in typing.get_args(hint)]
+        return None if None in verdicts else any(verdicts)
+    if hint is Any:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    cls = origin or hint
+    if cls in (list, tuple, set, frozenset, Sequence):
+        return isinstance(value, list)
+    if cls in (dict, Mapping):
+        return isinstance(value, dict)
+    if cls is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if cls is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if cls in (str, bool):
+        return isinstance(value, cls)
+    return None
+
+
+def validate_record(schema: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` checked against a dataclass or pydantic ``schema``; the data to store, or
+    :class:`InvalidRecord` saying what is wrong."""
+    name = schema.__name__
+    validate = getattr(schema, "model_validate", None)
+    if validate is not None:  # pydantic v2 (or a look-alike)
+        try:
+            return dict(validate(data).model_dump(mode="json"))
+        except Exception as exc:
+            raise InvalidRecord(f"does not fit {name}: {exc}") from None
+    if not dataclasses.is_dataclass(schema):
+        raise TypeError(f"record_schema {name} is neither a dataclass nor a pydantic model")
+    fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    extra = sorted(set(data) - set(fields))
+    if extra:
+        raise InvalidRecord(f"does not fit {name}: unexpected field(s) {', '.join(extra)}")
+    missing = sorted(
+        n for n, f in fields.items()
+        if n not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )  # fmt: skip
+    if missing:
+        raise InvalidRecord(f"does not fit {name}: missing field(s) {', '.join(missing)}")
+    hints = typing.get_type_hints(schema)
+    for key, value in data.items():
+        if _type_ok(value, hints.get(key, Any)) is False:
+            raise InvalidRecord(
+                f"does not fit {name}: field {key} is {type(value).__name__} {value!r:.60}, "
+                f"expected {hints[key]}"
+            )
+    try:
+        obj = schema(**data)
+    except (TypeError, ValueError) as exc:  # the schema's own __post_init__ checks
+        raise InvalidRecord(f"does not fit {name}: {exc}") from None
+    return dataclasses.asdict(obj)
 
 
 class SpiderLoadError(Exception):
@@ -631,6 +802,13 @@ def load_spider(spec: str | None) -> type[Spider]:
         raise SpiderLoadError(f"{target} has no attribute {cls_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Spider)):
         raise SpiderLoadError(f"{cls_name!r} in {target} is not an idemcrawl.Spider subclass")
+    schema = cls.record_schema
+    if schema is not None and not (
+        dataclasses.is_dataclass(schema) or hasattr(schema, "model_validate")
+    ):
+        raise SpiderLoadError(
+            f"{cls_name}.record_schema must be a dataclass or a pydantic model, got {schema!r}"
+        )
     return cls
 
 
@@ -767,7 +945,9 @@ class Parser:
                 if isinstance(item, str):
                     self._follow_page_link(result, item, page, depth, 0)
                 elif isinstance(item, Record):
-                    result.records.append(self._record(item))
+                    write = self._record(item)
+                    if write is not None:
+                        result.records.append(write)
                 elif isinstance(item, Request):
                     self._request(result, item, page, depth)
                 elif isinstance(item, Link):
@@ -858,11 +1038,28 @@ class Parser:
         for u in page.requisites():
             self._accept(result, u, urls.host_key(u), depth, 2, REQUISITE)
 
-    def _record(self, rec: Record) -> RecordWrite:
+    def _record(self, rec: Record) -> RecordWrite | None:
+        """The spider's ``process_record``, then its ``record_schema``: a record that does not
+        fit fails the page with the key and the reason (R1's records are trusted as stored)."""
+        cleaned = self.spider.process_record(rec)
+        if cleaned is None:
+            return None
+        if not isinstance(cleaned, Record):
+            raise TypeError(
+                f"process_record returned {type(cleaned).__name__}; expected Record or None"
+            )
+        rec = cleaned
         if not isinstance(rec.data, dict):
             raise TypeError(f"Record.data must be a dict, got {type(rec.data).__name__}")
-        canonical_json(rec.data)  # fail here, in the worker, on unserialisable data
-        return RecordWrite.make(self.source, str(rec.key), rec.data)
+        data = rec.data
+        schema = self.spider.record_schema
+        if schema is not None:
+            try:
+                data = validate_record(schema, data)
+            except InvalidRecord as exc:
+                raise InvalidRecord(f"record {str(rec.key)!r} {exc}") from None
+        canonical_json(data)  # fail here, in the worker, on unserialisable data
+        return RecordWrite.make(self.source, str(rec.key), data)
 
     def _sitemap(self, result: ParseResult, job: ParseJob, depth: int) -> None:
         """Sitemap entries and child sitemaps enter through the same discovery path (R12)."""

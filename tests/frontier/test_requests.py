@@ -128,3 +128,33 @@ def test_many_specs_in_one_batch(frontier: Frontier, n: int) -> None:
     assert len(leases) == n
     assert all(ls.request is not None and ls.request.data == f'{{"i":{ls.url[len(H) + 3 :]}}}'
                for ls in leases)  # fmt: skip
+
+
+def test_cookies_commit_with_their_completion_only(frontier: Frontier, reopen) -> None:  # type: ignore[no-untyped-def]
+    from idemcrawl.frontier.base import Cookie
+
+    frontier.add([NewURL(f"{H}/login", H), NewURL(f"{H}/other", H)], T0)
+    a, b = frontier.lease("w", 2, T0, 30, FAST)
+    session = Cookie("a", "/", "session", "s1", T0 + 3600)
+    ok = frontier.complete([Completion(a, 302, T0, cookies=[session])], T0, FAST)
+    assert ok == [True]
+    # A completion that is not accepted (stale lease) writes no cookie.
+    stale = Completion(a, 200, T0, cookies=[Cookie("a", "/", "evil", "1")])
+    assert frontier.complete([stale], T0, FAST) == [False]
+    other = reopen()
+    try:
+        assert other.cookies(T0 + 1) == [session]
+        # A newer value replaces it; an expired one deletes it; expiry hides it.
+        nonce = Cookie("a", "/", "nonce", "n")
+        renewed = Cookie("a", "/", "session", "s2", T0 + 7200)
+        done = Completion(b, 200, T0 + 1, cookies=[nonce, renewed])
+        assert other.complete([done], T0 + 1, FAST) == [True]
+        assert frontier.cookies(T0 + 2) == [nonce, renewed]
+        assert frontier.cookies(T0 + 7200) == [nonce]
+    finally:
+        other.close()
+    frontier.add([NewURL(f"{H}/logout", H)], T0 + 3)
+    (c,) = frontier.lease("w", 1, T0 + 3, 30, FAST)
+    gone = Cookie("a", "/", "nonce", "", T0)
+    assert frontier.complete([Completion(c, 200, T0 + 3, cookies=[gone])], T0 + 3, FAST) == [True]
+    assert [k.name for k in frontier.cookies(T0 + 3)] == ["session"]

@@ -13,8 +13,10 @@ from aiohttp.abc import AbstractResolver
 
 from .. import owner as owners
 from ..config import CrawlConfig
+from ..cookies import CookieJar
 from ..fetch import Fetcher, FetchSettings
 from ..frontier import Frontier, open_frontier
+from ..parse import load_spider
 from ..waiting import work_left
 from ..warc import WarcStore
 from .archiver import Archiver
@@ -23,7 +25,7 @@ from .clock import Clock, SystemClock
 from .committer import Committer
 from .feeder import Feeder, FeederCore
 from .gate import LinkGate
-from .parsing import ParseClient
+from .parsing import ParseClient, spider_spec
 from .pipeline import PageFetcher, Pipeline
 from .reporter import Reporter
 from .startup import reclaim_dead_owners, reconcile
@@ -187,6 +189,10 @@ class Engine:
             Fetcher(fetch_settings(cfg), cfg.concurrency, self._resolver)
         )
 
+        keep_cookies = load_spider(spider_spec(cfg.spider)).keep_cookies
+        jar = CookieJar() if keep_cookies else None
+        if jar is not None:
+            jar.load(await call(partial(frontier.cookies, clock.time())))
         core = FeederCore(
             frontier,
             clock,
@@ -198,6 +204,7 @@ class Engine:
             horizon=cfg.horizon or None,
             recrawl=cfg.recrawl,
             reclaim=partial(reclaim_dead_owners, frontier, cfg.db, owner),
+            cookies=jar,
         )
         feeder = self._feeder = Feeder(
             core,
@@ -229,6 +236,7 @@ class Engine:
             near=start.near,
             clock=clock,
             summary=summary,
+            cookies=jar,
         )
         committer = Committer(
             frontier,

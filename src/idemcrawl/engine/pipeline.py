@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from .. import url as urls
 from ..config import CrawlConfig
+from ..cookies import CookieJar, cookies_from
 from ..fetch import RETRYABLE_STATUS, FetchError, FetchResult, retry_after_seconds
 from ..frontier.base import (
     DOWNLOAD,
@@ -125,8 +126,11 @@ class Pipeline:
         clock: Clock,
         summary: CrawlSummary,
         rng: random.Random | None = None,
+        cookies: CookieJar | None = None,
     ) -> None:
         self.cfg = cfg
+        #: The crawl's cookie jar (spiders with ``keep_cookies``), loaded by the feeder.
+        self.cookies = cookies
         self.fetcher = fetcher
         self._parse = parse
         self.archiver = archiver
@@ -151,18 +155,26 @@ class Pipeline:
         s = self.summary
         conditional = conditional_headers(lease)
         spec = lease.request
+        cookie = None
+        if self.cookies is not None:
+            cookie = self.cookies.header_for(lease.fetch_url, self.clock.time())
         try:
-            if spec is None:
+            if spec is None and cookie is None:
                 res = await self.fetcher.fetch(lease.url, conditional or None)
             else:
                 # A spider's request: its method, headers and body, the same after any restart
-                # (I11). Validators only make sense for a GET.
-                headers = [*conditional.items()] if spec.method == "GET" else []
+                # (I11), and the crawl's cookies (I12). Validators only make sense for a GET.
+                method = spec.method if spec else "GET"
+                headers = [*conditional.items()] if method == "GET" else []
+                if spec is not None:
+                    headers += spec.header_pairs()
+                if cookie is not None and not any(k.lower() == "cookie" for k, _ in headers):
+                    headers.append(("Cookie", cookie))
                 res = await self.fetcher.fetch(
                     lease.fetch_url,
-                    [*headers, *spec.header_pairs()] or None,
-                    method=spec.method,
-                    body=spec.body,
+                    headers or None,
+                    method=method,
+                    body=spec.body if spec else None,
                 )
         except FetchError as exc:
             s.count_error(exc.kind)
@@ -241,6 +253,11 @@ class Pipeline:
             near_dup_of=near,
             canonical_hint=result.canonical,
             redirect_to=redirect_to,
+            cookies=(
+                cookies_from(res.raw_headers, lease.fetch_url, self.clock.time())
+                if self.cookies is not None
+                else ()
+            ),
         )
 
     def _round(

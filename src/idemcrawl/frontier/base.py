@@ -51,6 +51,9 @@ I11 A URL added with a :class:`RequestSpec` (method, headers, body, callback, co
     from the transaction that inserted the URL on: every lease of the URL, in any process and
     after any crash, carries the same spec; a URL added without one never gains one later.
     A request's key is :func:`request_key` (a plain GET's is its URL).
+I12 The cookies a completion carries are written (upserted by domain, path and name; one that
+    has expired deletes the stored one) in the completion's transaction, and only if it is
+    accepted: ``cookies`` read after that commit, from any process, return them.
 
 Where they are kept
 ===================
@@ -191,6 +194,20 @@ def request_url(key: str) -> str:
     """The URL to fetch for a frontier key (:func:`request_key`): the key without its
     ``#METHOD:digest`` part."""
     return key.partition("#")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Cookie:
+    """One cookie of the crawl's jar (``idemcrawl.cookies``): the frontier's ``cookies`` row,
+    keyed by (domain, path, name). ``expires`` None: until the crawl ends."""
+
+    domain: str
+    path: str
+    name: str
+    value: str
+    expires: float | None = None
+    secure: bool = False
+    host_only: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +354,9 @@ class Completion:
     stored_file: str | None = None
     #: Extra named counters to add in the same transaction (e.g. redirect_loops).
     counters: dict[str, int] = field(default_factory=dict)
+    #: Cookies the response set (spiders with ``keep_cookies``): stored with the completion,
+    #: so a login's session commits with the login (I12).
+    cookies: Sequence[Cookie] = ()
 
 
 @dataclass(slots=True)
@@ -550,6 +570,10 @@ class CrawlState(Protocol):
 
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
         """Archived full bodies by payload digest: (warc_file, offset, length, first url)."""
+        ...
+
+    def cookies(self, now: float) -> list[Cookie]:
+        """The crawl's cookie jar: every stored cookie not expired at ``now`` (I12)."""
         ...
 
     def body_digests(self) -> Iterable[str]:

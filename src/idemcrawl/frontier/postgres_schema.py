@@ -218,7 +218,7 @@ CREATE TABLE bodies (
     first_seen     DOUBLE PRECISION NOT NULL
 )""",
     ),
-    # 4: requests as data (issue 16; see sqlite.py).
+    # 4: requests as data and the cookie jar (issue 16; see sqlite.py).
     (
         """
 CREATE TABLE requests (
@@ -228,6 +228,17 @@ CREATE TABLE requests (
     data     TEXT,
     headers  TEXT,
     body     BYTEA
+)""",
+        """
+CREATE TABLE cookies (
+    domain    TEXT NOT NULL,
+    path      TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    value     TEXT NOT NULL,
+    expires   DOUBLE PRECISION,
+    secure    INTEGER NOT NULL,
+    host_only INTEGER NOT NULL,
+    PRIMARY KEY (domain, path, name)
 )""",
     ),
 ]

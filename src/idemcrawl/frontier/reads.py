@@ -195,6 +195,10 @@ class Reads:
     def recent_errors(self, limit: int) -> list[dict[str, Any]]:
         return self._read(lambda s: s.recent_errors(limit))
 
+    def cookies(self, now: float) -> list[Any]:
+        """The crawl's cookie jar (I12): every stored cookie not expired at ``now``."""
+        return self._read(lambda s: s.cookie_rows(now))
+
     # -- inspection (tests, status, debugging) -------------------------------------------------
 
     def url_row(self, url: str) -> dict[str, Any] | None:

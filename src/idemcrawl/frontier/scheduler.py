@@ -609,6 +609,9 @@ class Scheduler(Reads):
         ]
         if records:
             s.upsert_records(records)
+        cookies = [k for c in pages for k in c.cookies]
+        if cookies:  # I12: a session commits with the response that opened it
+            s.set_cookies(cookies, now)
         links = [u for c in pages for u in c.links]
         links_new = insert_urls(s, links, now) if links else 0
         bodies = [

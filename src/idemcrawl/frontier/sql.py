@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..politeness import MAX_STREAK_SHIFT
-from .base import STATES, Completion, FrontierStats, Lease, NewURL, Progress, RequestSpec
+from .base import STATES, Completion, Cookie, FrontierStats, Lease, NewURL, Progress, RequestSpec
 from .sql_dialect import (
     FAIL_SET,
     FENCE,
@@ -308,6 +308,28 @@ class SQLStore:
 
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self._xm(UPSERT_RECORD, rows)
+
+    def set_cookies(self, cookies: Sequence[Cookie], now: float) -> None:
+        last = {(c.domain, c.path, c.name): c for c in cookies}  # the last one set wins
+        self._xm(
+            "INSERT INTO cookies(domain, path, name, value, expires, secure, host_only) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(domain, path, name) DO UPDATE SET "
+            "value = excluded.value, expires = excluded.expires, secure = excluded.secure, "
+            "host_only = excluded.host_only",
+            [
+                (c.domain, c.path, c.name, c.value, c.expires, int(c.secure), int(c.host_only))
+                for c in last.values()
+            ],
+        )
+        self._x("DELETE FROM cookies WHERE expires <= ?", (now,))
+
+    def cookie_rows(self, now: float) -> list[Cookie]:
+        rows = self._x(
+            "SELECT domain, path, name, value, expires, secure, host_only FROM cookies "
+            "WHERE expires IS NULL OR expires > ? ORDER BY domain, path, name",
+            (now,),
+        ).fetchall()
+        return [Cookie(d, p, n, v, e, bool(s), bool(h)) for d, p, n, v, e, s, h in rows]
 
     def insert_bodies(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self._xm(

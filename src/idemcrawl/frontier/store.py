@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from .base import Completion, FrontierStats, Lease, NewURL, Progress, RequestSpec
+from .base import Completion, Cookie, FrontierStats, Lease, NewURL, Progress, RequestSpec
 
 #: Bumped with the schema, on every backend alike (``migrate`` returns it).
 SCHEMA_VERSION = 4
@@ -326,6 +326,14 @@ class Store(Protocol):
 
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """(record_id, source, key, url, data, content_hash, now, now): I5's upsert."""
+        ...
+
+    def set_cookies(self, cookies: Sequence[Cookie], now: float) -> None:
+        """Upsert by (domain, path, name) in order; then drop every cookie expired at ``now``."""
+        ...
+
+    def cookie_rows(self, now: float) -> list[Cookie]:
+        """Stored cookies not expired at ``now``."""
         ...
 
     def insert_bodies(self, rows: Sequence[tuple[Any, ...]]) -> None:
