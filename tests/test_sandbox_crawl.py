@@ -28,7 +28,7 @@ from idemcrawl.lab.testsite.sandbox import (
 from .helpers import DEVNULL, run, spawn
 
 
-def crawl_cmd(db: Path, spider: str, *seeds: str, concurrency: int = 4) -> list[str]:
+def crawl_cmd(db: Path | str, spider: str, *seeds: str, concurrency: int = 4) -> list[str]:
     return [
         sys.executable, "-m", "idemcrawl", "crawl", *seeds, "--db", str(db), "--spider", spider,
         "--concurrency", str(concurrency), "--host-concurrency", str(concurrency),
@@ -246,3 +246,61 @@ def test_invalid_records_fail_their_urls_and_reparse_fixes_them(tmp_path: Path) 
     }
     assert records(db) == want
     assert len(server.requests()) == fetched
+
+
+@pytest.mark.slow
+def test_two_processes_on_postgres_share_requests_and_the_session(tmp_path: Path) -> None:
+    """The login spider and the catalogue+search spider, two processes each on one PostgreSQL
+    schema, one of them killed mid-crawl: the specs and the cookie jar live in the database, so
+    whichever process leases a URL fetches it the way it was asked for, with the session."""
+    from .frontier.conftest import PG_DSN, require_postgres
+
+    require_postgres()  # skips locally without a server; fails in CI
+    import uuid
+
+    import psycopg
+
+    schemas = []
+    cfg = SandboxConfig(pages=4, per_page=5, members=12, latency_ms=20)
+    try:
+        with SandboxServer(cfg) as server:
+            env = {"SANDBOX": server.base_url}
+            seed = f"{server.base_url}/catalog?page=1"
+            got = {}
+            for spider, seeds in (
+                ("examples/login.py:Members", []),
+                ("tests.sandbox_spiders:CatalogSearch", [seed]),
+            ):
+                schema = "t_sandbox_" + uuid.uuid4().hex[:10]
+                schemas.append(schema)
+                cmd = crawl_cmd(f"{PG_DSN}?schema={schema}", spider, *seeds, concurrency=2)
+                first = spawn(cmd, new_session=True, stdout=DEVNULL, stderr=DEVNULL, env=env)
+                second = spawn(cmd, new_session=True, stdout=DEVNULL, env=env)
+                time.sleep(1.0)
+                os.killpg(first.pid, signal.SIGKILL)
+                first.wait()
+                _, err = second.communicate(timeout=120)
+                assert second.returncode == 0, err
+                done = run(cmd, env=env)
+                assert done.returncode == 0, done.stderr
+                with psycopg.connect(PG_DSN) as con:
+                    con.execute(f'SET search_path TO "{schema}"')
+                    got[spider] = {
+                        k: d if isinstance(d, dict) else json.loads(d)
+                        for k, d in con.execute("SELECT key, data FROM records")
+                    }
+            log = server.requests()
+            logins = server.state.logins
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as con:
+            for schema in schemas:
+                con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    queries = sorted({item_category(i) for i in range(1, 21)})
+    assert got["examples/login.py:Members"] == expected_members(cfg)
+    assert got["tests.sandbox_spiders:CatalogSearch"] == {
+        **expected_items(cfg),
+        **expected_search(cfg, queries),
+    }
+    assert logins <= 2  # a kill before the login committed may repeat it, never more
+    assert all("session=" in e["cookie"] for e in log if e["path"].startswith("/members"))
+    assert all(e["method"] == "POST" for e in log if e["path"] == "/search")
