@@ -142,6 +142,12 @@ def test_request_refuses_what_could_not_be_stored_or_sent() -> None:
         Request(f"{BASE}/x", body=b"a", json={})
     with pytest.raises(TypeError, match="spider method or its name"):
         Request(f"{BASE}/x", callback=print)
+    with pytest.raises(ValueError, match=r"Request data is 70,0\d\d bytes; at most 65,536"):
+        Request(f"{BASE}/x", data={"page": "x" * 70_000})
+    with pytest.raises(ValueError, match="Request body is 1,048,577 bytes"):
+        Request(f"{BASE}/x", method="POST", body=b"x" * (1024 * 1024 + 1))
+    with pytest.raises(ValueError, match=r"Request headers is 20,0\d\d bytes"):
+        Request(f"{BASE}/x", headers={"X-Big": "y" * 20_000})
 
 
 def test_non_json_data_is_refused_when_yielded() -> None:

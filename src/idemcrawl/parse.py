@@ -109,6 +109,17 @@ _MANAGED_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te"}
 )
 _UNSET: Any = object()
+#: Sizes a request may store with its URL (bytes of JSON, body, header text): the frontier
+#: keeps them for every such URL until the crawl's end, so a spider bug that puts a whole page
+#: into ``data`` is refused where it happens instead of growing the database.
+MAX_REQUEST_DATA = 64 * 1024
+MAX_REQUEST_BODY = 1024 * 1024
+MAX_REQUEST_HEADERS = 16 * 1024
+
+
+def _limit(what: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise ValueError(f"{what} is {size:,} bytes; at most {limit:,} are stored with a URL")
 
 
 def _json_text(value: Any, what: str) -> str:
@@ -165,7 +176,7 @@ class Request:
         if data is not None and not isinstance(data, dict):
             raise TypeError(f"Request data must be a dict, got {type(data).__name__}")
         self.data: dict[str, Any] = data or {}
-        _json_text(self.data, "Request data")
+        _limit("Request data", len(_json_text(self.data, "Request data")), MAX_REQUEST_DATA)
         pairs: list[tuple[str, str]] = []
         items = headers.items() if isinstance(headers, dict) else (headers or ())
         for name, value in items:
@@ -189,6 +200,8 @@ class Request:
         self.body: bytes | None = body.encode() if isinstance(body, str) else body
         if self.body is not None and not isinstance(self.body, bytes):
             raise TypeError(f"Request body must be bytes or str, got {type(body).__name__}")
+        _limit("Request body", len(self.body or b""), MAX_REQUEST_BODY)
+        _limit("Request headers", sum(len(k) + len(v) for k, v in pairs), MAX_REQUEST_HEADERS)
         self.priority = int(priority)
 
     def spec(self) -> RequestSpec | None:
@@ -201,10 +214,12 @@ class Request:
             and not self.body
         ):
             return None
+        data = _json_text(self.data, "Request data") if self.data else None
+        _limit("Request data", len(data or ""), MAX_REQUEST_DATA)  # changed since it was made?
         return RequestSpec(
             self.method,
             self.callback,
-            _json_text(self.data, "Request data") if self.data else None,
+            data,
             _json_text([list(p) for p in self.headers], "headers") if self.headers else None,
             self.body,
         )
