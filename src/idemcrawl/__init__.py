@@ -25,7 +25,7 @@ from .version import __version__
 if TYPE_CHECKING:
     from .config import CrawlConfig
     from .engine import CrawlSummary, Engine, run_crawl
-    from .parse import Download, Link, Node, Page, Record, Spider
+    from .parse import Download, Link, Node, Page, Record, Request, Spider, from_form
 
 #: Where each public name lives. Imported on first use (PEP 562), so that a process that only
 #: parses (a parser worker imports ``idemcrawl.parse``) does not pay for the engine, aiohttp and
@@ -40,7 +40,9 @@ _LAZY = {
     "Node": "parse",
     "Page": "parse",
     "Record": "parse",
+    "Request": "parse",
     "Spider": "parse",
+    "from_form": "parse",
 }
 
 
@@ -66,7 +68,9 @@ __all__ = [
     "Node",
     "Page",
     "Record",
+    "Request",
     "Spider",
     "__version__",
+    "from_form",
     "run_crawl",
 ]

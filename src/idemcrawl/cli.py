@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -261,6 +262,40 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true")
     rp.add_argument("--quiet", action="store_true")
 
+    pp = sub.add_parser(
+        "parse",
+        help="fetch one URL and print what a spider callback yields (stores nothing)",
+        description="Fetch URL once (SSRF guard and limits as in a crawl, no redirect "
+        "followed), run the spider's callback on it as a parser process would and print the "
+        "records and requests it yields (URL, method, callback, context) — nothing is stored.",
+    )
+    pp.add_argument("url", metavar="URL")
+    pp.add_argument("--spider", help="FILE.py:Class or module:Class (default: follow links)")
+    pp.add_argument("--callback", help="the spider method to call (default parse)")
+    pp.add_argument("--data", help="the callback's context, a JSON object (page.data)")
+    pp.add_argument("--scope", choices=("host", "domain", "any"), default="host")
+    pp.add_argument("--allow-private", action="append", default=[], metavar="ADDR_OR_CIDR")
+    pp.add_argument("--json", action="store_true", help="one JSON object")
+
+    sh = sub.add_parser(
+        "shell",
+        help="a Python prompt with a fetched page loaded",
+        description="Fetch URL once and open a Python prompt with `page` (css, xpath, json, "
+        "follow…), `response`, `spider` (an instance of --spider), `Request` and `from_form`.",
+    )
+    sh.add_argument("url", metavar="URL")
+    sh.add_argument("--spider", help="FILE.py:Class or module:Class")
+    sh.add_argument("--allow-private", action="append", default=[], metavar="ADDR_OR_CIDR")
+
+    nw = sub.add_parser(
+        "new",
+        help="write a starter spider NAME.py",
+        description="Write NAME.py in --dir with a starter spider: start_urls, a listing "
+        "callback following items with context, a detail callback yielding records.",
+    )
+    nw.add_argument("name", metavar="NAME")
+    nw.add_argument("--dir", default=".", help="where to write it (default: here)")
+
     s = sub.add_parser("status", help="show the state of a crawl database")
     s.add_argument("--db", required=True)
     s.add_argument("--json", action="store_true")
@@ -297,7 +332,8 @@ def cmd_crawl(a: argparse.Namespace) -> int:
         host_budgets=a.host_budget,
     )
     cfg = layered_config(a.config, given, lists)
-    refused = refused_seeds((*cfg.seeds, *cfg.sitemaps), cfg.allow_private)
+    starts = _start_urls(cfg)
+    refused = refused_seeds((*cfg.seeds, *cfg.sitemaps, *starts), cfg.allow_private)
     if refused:  # a setting, not a failure to remember: nothing is written (R18, #18)
         raise UsageError("; ".join(r.message() for r in refused))
     # A live table on a terminal, JSON lines on stderr otherwise (or with --json), none --quiet.
@@ -319,6 +355,27 @@ def cmd_crawl(a: argparse.Namespace) -> int:
     if summary.fatal:
         print(f"idemcrawl crawl: error: {summary.fatal}; rerun to resume", file=sys.stderr)
     return summary.exit_status()
+
+
+def _start_urls(cfg: Any) -> list[str]:
+    """The URLs of the spider's start requests (checked like seeds), or a usage error when a
+    new crawl has neither seeds nor start requests."""
+    if not cfg.spider:
+        return []
+    from .frontier.base import request_url
+    from .parse import load_spider, start_links
+
+    spider = load_spider(cfg.spider)  # SpiderLoadError: a usage error, reported by main()
+    try:
+        links = start_links(spider())
+    except Exception as exc:  # the spider's own start_requests code
+        raise UsageError(f"spider start_requests: {type(exc).__name__}: {exc}") from None
+    if not links and not cfg.seeds and not cfg.sitemaps and not os.path.exists(cfg.db):
+        raise UsageError(
+            f"no seed URLs given, spider {cfg.spider} has no start_urls or start_requests, "
+            f"and no crawl database at {cfg.db!r} to resume"
+        )
+    return [request_url(u.url) for u in links]
 
 
 def cmd_control(a: argparse.Namespace) -> int:
@@ -438,8 +495,78 @@ def cmd_db(a: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch_for_dev(a: argparse.Namespace) -> Any:
+    from .devloop import DevLoopError, fetch_one
+    from .fetch import FetchSettings, parse_allow_list
+
+    try:
+        settings = FetchSettings(allow_private=parse_allow_list(a.allow_private))
+        return fetch_one(a.url, settings)
+    except (ValueError, DevLoopError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_parse(a: argparse.Namespace) -> int:
+    from .devloop import DevLoopError, format_parsed, parse_once
+    from .parse import load_spider
+
+    spider = load_spider(a.spider)  # a bad spider or callback before any request
+    if a.callback and (
+        a.callback.startswith("_") or not callable(getattr(spider, a.callback, None))
+    ):
+        raise UsageError(f"unknown callback {a.callback!r}: {spider.__name__} has no such method")
+    data = None
+    if a.data is not None:
+        try:
+            data = json.loads(a.data)
+        except ValueError as exc:
+            raise UsageError(f"--data is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise UsageError("--data must be a JSON object")
+    res = _fetch_for_dev(a)
+    try:
+        out = parse_once(a.spider, res, callback=a.callback, data=data, scope=a.scope)
+    except (ValueError, DevLoopError) as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(out.as_json(), ensure_ascii=False) if a.json else format_parsed(out))
+    return 1 if out.error else 0
+
+
+def cmd_shell(a: argparse.Namespace) -> int:
+    import code
+
+    from .devloop import SHELL_BANNER, shell_namespace
+    from .parse import load_spider
+
+    load_spider(a.spider)
+    res = _fetch_for_dev(a)
+    namespace = shell_namespace(res, a.spider)
+    page = namespace["page"]
+    banner = SHELL_BANNER.format(
+        status=res.status, url=res.url, ctype=page.content_type or "?", size=len(res.body)
+    )
+    code.interact(banner=banner, local=namespace, exitmsg="")
+    return 0
+
+
+def cmd_new(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .devloop import DevLoopError, new_spider, spider_class_name
+
+    try:
+        path = new_spider(a.name, Path(a.dir))
+    except DevLoopError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {path}; try: idemcrawl parse URL --spider {path}:{spider_class_name(a.name)}")
+    return 0
+
+
 COMMANDS = {
     "crawl": cmd_crawl,
+    "parse": cmd_parse,
+    "shell": cmd_shell,
+    "new": cmd_new,
     "control": cmd_control,
     "export": cmd_export,
     "events": cmd_events,

@@ -518,7 +518,12 @@ def layered_config(
     sitemaps = [str(u) for u in [*settings.pop("sitemaps", []), *lists.sitemaps]]
     for u in seeds + sitemaps:
         urls.normalise(u)  # raises InvalidURL naming the offending URL
-    if not seeds and not sitemaps and not os.path.exists(str(settings["db"])):
+    if (
+        not seeds
+        and not sitemaps
+        and not settings.get("spider")  # its start_urls / start_requests (checked by crawl)
+        and not os.path.exists(str(settings["db"]))
+    ):
         raise ConfigError(
             f"no seed URLs given and no crawl database at {settings['db']!r} to resume"
         )

@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from .dedup import BloomNegativeCache
-from .frontier.base import PAGE, QUEUED, REJECTED, NewURL
+from .frontier.base import PAGE, QUEUED, REJECTED, NewURL, request_url
 from .traps import TemplateGate, TrapLimits, url_template
 
 META_KEY = "template_gate"
@@ -83,7 +83,7 @@ class DiscoveryGate:
                 continue
             self.lookups_saved += 1  # definitely new: no need to ask whether it is known
             self.bloom.add(link.url)
-            ok, reason = self._admit(link.url)
+            ok, reason = self._admit(request_url(link.url))
             if ok:
                 out.append(link)
             else:

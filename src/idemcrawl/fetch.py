@@ -530,6 +530,9 @@ class Fetcher:
             headers={"User-Agent": self.settings.user_agent, "Accept-Encoding": accept_encoding()},
             auto_decompress=False,  # we decode with limits; aiohttp would inflate unbounded
             response_class=_PeerResponse,
+            # No cookies of its own: a spider that wants a session keeps it in the frontier
+            # (idemcrawl.cookies), so it is the same in every process and after a restart.
+            cookie_jar=aiohttp.DummyCookieJar(),
             max_line_size=16 * 1024,
             max_field_size=16 * 1024,
         )
@@ -540,7 +543,16 @@ class Fetcher:
             await self._session.close()
             self._session = None
 
-    async def fetch(self, url: str, headers: dict[str, str] | None = None) -> FetchResult:
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | list[tuple[str, str]] | None = None,
+        *,
+        method: str = "GET",
+        body: bytes | None = None,
+    ) -> FetchResult:
+        """One exchange, redirects not followed; ``method`` and ``body`` for a spider's
+        request (a POST form, a JSON API call). FetchError when there is no HTTP response."""
         assert self._session is not None, "use Fetcher as an async context manager"
         host = urls.hostname(url)
         if _is_ip_literal(host):  # aiohttp skips the resolver for these: check here
@@ -553,7 +565,7 @@ class Fetcher:
         deadline = asyncio.timeout(self.settings.total_timeout)
         try:
             async with deadline:
-                await self._exchange(url, host, headers, ex)
+                await self._exchange(url, host, headers, ex, method, body)
         except TimeoutError as exc:
             if ex.resp is None:
                 raise FetchError("timeout", str(exc) or "no response in time") from None
@@ -576,11 +588,17 @@ class Fetcher:
         return self._result(url, ex, time.monotonic() - t0)
 
     async def _exchange(
-        self, url: str, host: str, headers: dict[str, str] | None, ex: _Exchange
+        self,
+        url: str,
+        host: str,
+        headers: dict[str, str] | list[tuple[str, str]] | None,
+        ex: _Exchange,
+        method: str = "GET",
+        body: bytes | None = None,
     ) -> None:
         assert self._session is not None
-        async with self._session.get(
-            url, allow_redirects=False, headers=headers, max_redirects=0
+        async with self._session.request(
+            method, url, allow_redirects=False, headers=headers, max_redirects=0, data=body
         ) as resp:
             ex.ip = getattr(resp, "peer_ip", None)
             if ex.ip is not None:  # cannot fail after the connect-time gate; kept as a backstop

@@ -14,6 +14,8 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import json as jsonlib
 import multiprocessing
 import operator
 import os
@@ -22,21 +24,35 @@ import signal
 import struct
 import sys
 import time
+import types
+import typing
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
+from urllib.parse import urlencode
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from . import url as urls
 from .dedup import page_simhash
 from .encoding import detect_encoding
-from .frontier.base import DOWNLOAD, PAGE, REQUISITE, SITEMAP, NewURL, RecordWrite, canonical_json
+from .frontier.base import (
+    DOWNLOAD,
+    METHODS,
+    PAGE,
+    REQUISITE,
+    SITEMAP,
+    NewURL,
+    RecordWrite,
+    RequestSpec,
+    canonical_json,
+    request_key,
+)
 from .html_text import reader_text
 from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
@@ -88,6 +104,131 @@ class Download:
     priority: int = 0
 
 
+#: Headers the HTTP client owns: a spider setting them would break the exchange's framing.
+_MANAGED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te"}
+)
+_UNSET: Any = object()
+#: Sizes a request may store with its URL (bytes of JSON, body, header text): the frontier
+#: keeps them for every such URL until the crawl's end, so a spider bug that puts a whole page
+#: into ``data`` is refused where it happens instead of growing the database.
+MAX_REQUEST_DATA = 64 * 1024
+MAX_REQUEST_BODY = 1024 * 1024
+MAX_REQUEST_HEADERS = 16 * 1024
+
+
+def _limit(what: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise ValueError(f"{what} is {size:,} bytes; at most {limit:,} are stored with a URL")
+
+
+def _json_text(value: Any, what: str) -> str:
+    """Strict JSON (no NaN, no ``default=``): what is stored is exactly what comes back."""
+    try:
+        return jsonlib.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{what} must be JSON-serialisable (it is stored in the frontier): {exc}"
+        ) from None
+
+
+class Request:
+    """A URL to fetch, and how: the method, headers and body to send, the spider method that
+    parses the response (``callback``, by name) and context for it (``data``, given back as
+    ``page.data``).
+
+    Everything here is stored with the URL in the frontier, so after any crash the URL is
+    fetched the same way and parsed by the same callback with the same context. Hence
+    ``data`` must be a JSON object and ``callback`` a method of the spider, named or given
+    (``self.parse_item``); both are checked where the request is made or yielded, not when
+    the response comes back. ``json=`` sends a JSON body (POST unless ``method`` says
+    otherwise). Identity for dedup is method + URL + body (``frontier.base.request_key``):
+    callback, data, headers and priority do not make a request new.
+    """
+
+    __slots__ = ("body", "callback", "data", "headers", "method", "priority", "url")
+
+    def __init__(
+        self,
+        url: str,
+        callback: str | Callable[..., Any] | None = None,
+        data: dict[str, Any] | None = None,
+        *,
+        method: str | None = None,
+        headers: dict[str, str] | Iterable[tuple[str, str]] | None = None,
+        body: bytes | str | None = None,
+        json: Any = _UNSET,
+        priority: int = 0,
+    ) -> None:
+        if not isinstance(url, str) or not url:
+            raise TypeError(f"Request url must be a non-empty str, got {url!r}")
+        self.url = url
+        if callback is not None and not isinstance(callback, str):
+            name = getattr(callback, "__name__", None)
+            if not (inspect.ismethod(callback) or inspect.isfunction(callback)) or not name:
+                raise TypeError(
+                    f"Request callback must be a spider method or its name, got {callback!r}"
+                )
+            callback = name
+        self.callback: str | None = None if callback in (None, "parse") else callback
+        if data is not None and not isinstance(data, dict):
+            raise TypeError(f"Request data must be a dict, got {type(data).__name__}")
+        self.data: dict[str, Any] = data or {}
+        _limit("Request data", len(_json_text(self.data, "Request data")), MAX_REQUEST_DATA)
+        pairs: list[tuple[str, str]] = []
+        items = headers.items() if isinstance(headers, dict) else (headers or ())
+        for name, value in items:
+            name, value = str(name), str(value)
+            if name.lower() in _MANAGED_HEADERS:
+                raise ValueError(f"Request header {name!r} is set by the HTTP client, not a spider")
+            if "\r" in name + value or "\n" in name + value:
+                raise ValueError(f"Request header {name!r} contains a line break")
+            pairs.append((name, value))
+        if json is not _UNSET:
+            if body is not None:
+                raise ValueError("Request takes body= or json=, not both")
+            body = _json_text(json, "Request json").encode()
+            if not any(n.lower() == "content-type" for n, _ in pairs):
+                pairs.append(("Content-Type", "application/json"))
+            method = method or "POST"
+        self.method = (method or "GET").upper()
+        if self.method not in METHODS:
+            raise ValueError(f"Request method {method!r} is not one of {', '.join(METHODS)}")
+        self.headers: tuple[tuple[str, str], ...] = tuple(pairs)
+        self.body: bytes | None = body.encode() if isinstance(body, str) else body
+        if self.body is not None and not isinstance(self.body, bytes):
+            raise TypeError(f"Request body must be bytes or str, got {type(body).__name__}")
+        _limit("Request body", len(self.body or b""), MAX_REQUEST_BODY)
+        _limit("Request headers", sum(len(k) + len(v) for k, v in pairs), MAX_REQUEST_HEADERS)
+        self.priority = int(priority)
+
+    def spec(self) -> RequestSpec | None:
+        """What the frontier stores for it; None for a plain GET parsed by ``parse``."""
+        if (
+            self.method == "GET"
+            and self.callback is None
+            and not self.data
+            and not self.headers
+            and not self.body
+        ):
+            return None
+        data = _json_text(self.data, "Request data") if self.data else None
+        _limit("Request data", len(data or ""), MAX_REQUEST_DATA)  # changed since it was made?
+        return RequestSpec(
+            self.method,
+            self.callback,
+            data,
+            _json_text([list(p) for p in self.headers], "headers") if self.headers else None,
+            self.body,
+        )
+
+    def __repr__(self) -> str:
+        cb = f" callback={self.callback}" if self.callback else ""
+        return f"<Request {self.method} {self.url}{cb}>"
+
+
 class Node:
     """A thin, stable wrapper over the HTML parser's node, so spiders do not depend on it."""
 
@@ -131,6 +272,49 @@ class Node:
         return f"<Node {self.tag}>"
 
 
+class XNode:
+    """An element found by :meth:`Page.xpath`: the lxml element behind a small stable API
+    (the same names as :class:`Node`), so spiders do not depend on lxml's."""
+
+    __slots__ = ("_el",)
+
+    def __init__(self, el: Any) -> None:
+        self._el = el
+
+    def text(self) -> str:
+        """The element's text, whitespace runs collapsed to one space and stripped."""
+        return " ".join("".join(self._el.itertext()).split())
+
+    @property
+    def attrs(self) -> dict[str, str]:
+        return dict(self._el.attrib)
+
+    @property
+    def tag(self) -> str:
+        return str(self._el.tag)
+
+    @property
+    def html(self) -> str:
+        from lxml import html as lxml_html
+
+        return str(lxml_html.tostring(self._el, encoding="unicode", with_tail=False))
+
+    def xpath(self, query: str) -> list[XNode | str]:
+        """``query`` relative to this element (``.//a/@href``)."""
+        return _xpath_results(self._el.xpath(query))
+
+    def __repr__(self) -> str:
+        return f"<XNode {self.tag}>"
+
+
+def _xpath_results(found: Any) -> list[XNode | str]:
+    """Elements as :class:`XNode`, strings (attributes, text()) as plain ``str``, a number or
+    boolean result as a one-item list of its string."""
+    if not isinstance(found, list):
+        return [str(found)]
+    return [str(x) if isinstance(x, str) else XNode(x) for x in found]
+
+
 class Page:
     """A fetched response as a spider sees it."""
 
@@ -144,17 +328,81 @@ class Page:
         depth: int = 0,
         scope_hosts: frozenset[str] = frozenset(),
         scope: str = "any",
+        request: RequestSpec | None = None,
     ) -> None:
         self.url = url
         self.status = status
         self.headers = headers
         self.body = body
         self.depth = depth
+        #: How this URL was requested (None: a plain GET for ``parse``).
+        self.request = request
         self._scope_hosts = scope_hosts
         self._scope = scope
         #: What :meth:`links` returned, with each URL's host key: normalised and in scope
         #: already, so the parser does not redo that when the spider yields them.
         self._checked_links: dict[str, str] = {}
+
+    @property
+    def method(self) -> str:
+        return self.request.method if self.request else "GET"
+
+    @property
+    def callback(self) -> str:
+        """The name of the spider method this page was fetched for."""
+        return (self.request.callback if self.request else None) or "parse"
+
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        """The context the request carried (``Request(data=…)``), back from the frontier: the
+        same after any restart. Empty when the request had none."""
+        if self.request is None or not self.request.data:
+            return {}
+        value = jsonlib.loads(self.request.data)
+        return value if isinstance(value, dict) else {}
+
+    def json(self) -> Any:
+        """The body parsed as JSON (any content type); ValueError with the reason if it is not."""
+        try:
+            return jsonlib.loads(self.text)
+        except ValueError as exc:
+            raise ValueError(f"{self.url}: body is not JSON: {exc}") from None
+
+    def follow(
+        self, href: str | Node | XNode, callback: str | Callable[..., Any] | None = None,
+        data: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> Request:  # fmt: skip
+        """A :class:`Request` for ``href`` (a string or an element with ``href``/``src``) resolved
+        against this page, like the links of the page itself."""
+        if isinstance(href, Node | XNode):
+            value = href.attrs.get("href") or href.attrs.get("src")
+            if not value:
+                raise ValueError(f"follow() got {href!r}, which has no href")
+            href = value
+        url = self.resolver.resolve(href.strip())
+        return Request(url, callback, data, **kwargs)
+
+    def follow_all(
+        self, hrefs: Iterable[str | Node | XNode] | None = None, *, css: str | None = None,
+        callback: str | Callable[..., Any] | None = None, data: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Request]:  # fmt: skip
+        """Requests for every ``href`` given, or for the ``href`` of every element ``css``
+        selects (``page.follow_all(css="a.product")``), each once, in document order; hrefs
+        that are not valid URLs are skipped."""
+        if (hrefs is None) == (css is None):
+            raise ValueError("follow_all takes hrefs or css=, exactly one of them")
+        items: Iterable[str | Node | XNode] = hrefs if hrefs is not None else self.css(css or "")
+        out: dict[str, Request] = {}
+        for h in items:
+            if isinstance(h, Node | XNode) and not (h.attrs.get("href") or h.attrs.get("src")):
+                continue
+            try:
+                req = self.follow(h, callback, data, **kwargs)
+            except urls.InvalidURL:
+                continue
+            out.setdefault(req.url, req)
+        return list(out.values())
 
     @property
     def content_type(self) -> str:
@@ -183,6 +431,40 @@ class Page:
     def css_first(self, selector: str) -> Node | None:
         n = self._tree.css_first(selector)
         return None if n is None else Node(n)
+
+    @cached_property
+    def _lxml_tree(self) -> Any:
+        """The document parsed by lxml, only when a spider uses XPath (selectolax, which
+        ``css()`` uses, has no XPath). Parsed from the bytes with the detected encoding, so an
+        XML declaration in the text cannot make lxml refuse it."""
+        from lxml import etree
+        from lxml import html as lxml_html
+
+        if not self.body.strip():
+            return None
+        parser = lxml_html.HTMLParser(encoding=self.encoding)
+        try:
+            return lxml_html.document_fromstring(self.body, parser=parser)
+        except (etree.ParserError, ValueError):
+            return None
+
+    def xpath(self, query: str) -> list[XNode | str]:
+        """XPath 1.0 over the page (lxml): elements as :class:`XNode`, attribute and text
+        results as ``str`` (``page.xpath("//a[@class='next']/@href")``). An invalid
+        expression raises ValueError with lxml's reason."""
+        from lxml import etree
+
+        tree = self._lxml_tree
+        if tree is None:
+            return []
+        try:
+            return _xpath_results(tree.xpath(query))
+        except etree.XPathError as exc:
+            raise ValueError(f"invalid XPath {query!r}: {exc}") from None
+
+    def xpath_first(self, query: str) -> XNode | str | None:
+        found = self.xpath(query)
+        return found[0] if found else None
 
     @cached_property
     def base_url(self) -> str:
@@ -271,14 +553,224 @@ class Spider:
     ``parse`` yields :class:`Record` items and URLs (``str`` or :class:`Link`) to follow. The
     default implementation follows every in-scope link and stores no records, which makes a plain
     crawler out of the base class.
+
+    A spider may have more callbacks: any method taking a :class:`Page`, named by a
+    :class:`Request` (``Request(url, callback="parse_item", data={...})`` or
+    ``page.follow(href, self.parse_item)``); its page then has ``page.data``. A callback named
+    explicitly gets the response whatever its content type (JSON, images, …); ``parse`` gets
+    HTML only unless ``parse_non_html`` is set.
     """
 
     name: str = "default"
     #: Call ``parse`` for non-HTML responses too (their links are never extracted).
     parse_non_html: bool = False
+    #: Where a crawl with this spider starts (``crawl --spider`` then needs no seed URL).
+    start_urls: Iterable[str] = ()
+    #: Keep a cookie jar for the crawl (a login's session): stored in the frontier, shared by
+    #: every crawl process, kept across restarts (``idemcrawl.cookies``). Off by default: a
+    #: broad crawl should not carry tracking cookies from page to page.
+    keep_cookies: bool = False
+    #: What every record's data must be: a dataclass or a pydantic model (anything with
+    #: ``model_validate``). A record that does not fit fails its URL with the reason (fix the
+    #: spider, then ``idemcrawl reparse --where-failed``); what is stored is the validated data
+    #: (defaults filled in).
+    record_schema: type | None = None
+
+    def process_record(self, record: Record) -> Record | None:
+        """Clean a record before it is validated and stored; None drops it."""
+        return record
+
+    def start_requests(self) -> Iterable[Request | Link | str]:
+        """The crawl's first requests, added (if new) at every start of a crawl process; their
+        hosts join the crawl's scope like seed URLs. By default ``start_urls``, for ``parse``."""
+        yield from self.start_urls
 
     def parse(self, page: Page) -> Iterable[Record | Link | str]:
         yield from page.links()
+
+
+#: Input types a browser never submits by themselves (a submit button only when clicked).
+_UNSUBMITTED = frozenset({"submit", "button", "image", "reset", "file"})
+
+
+def _form_fields(form: Node) -> list[tuple[str, str]]:
+    """What a browser would submit for ``form`` as it stands: named, enabled controls, checked
+    boxes only, each select's chosen options (its first without a choice), textareas."""
+    fields: list[tuple[str, str]] = []
+    for el in form.css("input, select, textarea"):
+        attrs = el.attrs
+        name = attrs.get("name")
+        if not name or "disabled" in attrs:
+            continue
+        if el.tag == "input":
+            kind = (attrs.get("type") or "text").lower()
+            if kind in _UNSUBMITTED:
+                continue
+            if kind in ("checkbox", "radio"):
+                if "checked" in attrs:
+                    fields.append((name, attrs.get("value") or "on"))
+                continue
+            fields.append((name, attrs.get("value") or ""))
+        elif el.tag == "select":
+            options = el.css("option")
+            chosen = [o for o in options if "selected" in o.attrs]
+            if not chosen and options and "multiple" not in attrs:
+                chosen = options[:1]
+            for o in chosen:
+                value = o.attrs.get("value")
+                fields.append((name, value if value is not None else o.text()))
+        else:  # textarea
+            fields.append((name, el.text(raw=True)))
+    return fields
+
+
+def from_form(
+    page: Page,
+    css: str | None = None,
+    data: dict[str, str | Iterable[str]] | None = None,
+    *,
+    callback: str | Callable[..., Any] | None = None,
+    context: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    priority: int = 0,
+) -> Request:
+    """A :class:`Request` submitting the page's form (the first, or the first ``css`` selects)
+    the way a browser would: its hidden fields kept (CSRF tokens), its current values, then
+    ``data`` filled in (a name given replaces that field where it stands, a new name goes at
+    the end; a list gives several values). The
+    form's method (GET or POST, urlencoded) and action (resolved against the page) decide
+    where it goes; ``callback`` and ``context`` (the callback's ``page.data``) as for any
+    Request. A form that is missing or that needs multipart encoding is a ValueError.
+    """
+    form = page.css_first(css or "form")
+    if form is None or form.tag != "form":
+        what = f"matching {css!r}" if css else ""
+        raise ValueError(f"from_form: no form {what} on {page.url}".replace("  ", " "))
+    enctype = (form.attrs.get("enctype") or "").lower()
+    if enctype.startswith("multipart/"):
+        raise ValueError(f"from_form: {enctype} forms are not supported ({page.url})")
+    given = {
+        name: [value] if isinstance(value, str) else [str(v) for v in value]
+        for name, value in (data or {}).items()
+    }
+    fields: list[tuple[str, str]] = []
+    placed: set[str] = set()
+    for name, value in _form_fields(form):
+        if name not in given:
+            fields.append((name, value))
+        elif name not in placed:  # where the form has the field, as a browser sends it
+            fields += [(name, v) for v in given[name]]
+            placed.add(name)
+    fields += [(n, v) for n, vs in given.items() if n not in placed for v in vs]
+    method = (form.attrs.get("method") or "GET").upper()
+    action = (form.attrs.get("action") or "").strip() or page.url
+    url = page.resolver.resolve(action)
+    encoded = urlencode(fields)
+    if method != "POST":
+        base = url.split("?", 1)[0]
+        return Request(
+            f"{base}?{encoded}" if encoded else base, callback, context,
+            headers=headers, priority=priority,
+        )  # fmt: skip
+    sent = {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})}
+    return Request(
+        url, callback, context, method="POST", headers=sent, body=encoded, priority=priority
+    )
+
+
+def start_links(spider: Spider) -> list[NewURL]:
+    """The spider's :meth:`Spider.start_requests` as frontier URLs (normalised, keyed and
+    checked like yielded requests; priority 1 like seeds, plus the request's own)."""
+    out: list[NewURL] = []
+    for item in spider.start_requests() or ():
+        if isinstance(item, str):
+            item = Request(item)
+        elif isinstance(item, Link):
+            item = Request(item.url, priority=item.priority)
+        elif not isinstance(item, Request):
+            raise TypeError(
+                f"start_requests yielded {type(item).__name__}; expected Request, Link or str"
+            )
+        if item.callback is not None:
+            fn = getattr(spider, item.callback, None)
+            if not callable(fn) or item.callback.startswith("_"):
+                raise ValueError(
+                    f"unknown callback {item.callback!r}: "
+                    f"{type(spider).__name__} has no such method"
+                )
+        try:
+            u = urls.normalise(item.url)
+        except urls.InvalidURL as exc:
+            raise ValueError(f"start request {item.url!r} is not a valid URL: {exc}") from None
+        key = request_key(u, item.method, item.body)
+        out.append(NewURL(key, urls.host_key(u), 1 + item.priority, request=item.spec()))
+    return out
+
+
+class InvalidRecord(ValueError):
+    """A record that does not fit the spider's ``record_schema``."""
+
+
+def _type_ok(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` fits a simple annotation (None: not one we check)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_type_ok(value, h) for h in typing.get_args(hint)]
+        return None if None in verdicts else any(verdicts)
+    if hint is Any:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    cls = origin or hint
+    if cls in (list, tuple, set, frozenset, Sequence):
+        return isinstance(value, list)
+    if cls in (dict, Mapping):
+        return isinstance(value, dict)
+    if cls is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if cls is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if cls in (str, bool):
+        return isinstance(value, cls)
+    return None
+
+
+def validate_record(schema: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` checked against a dataclass or pydantic ``schema``; the data to store, or
+    :class:`InvalidRecord` saying what is wrong."""
+    name = schema.__name__
+    validate = getattr(schema, "model_validate", None)
+    if validate is not None:  # pydantic v2 (or a look-alike)
+        try:
+            return dict(validate(data).model_dump(mode="json"))
+        except Exception as exc:
+            raise InvalidRecord(f"does not fit {name}: {exc}") from None
+    if not dataclasses.is_dataclass(schema):
+        raise TypeError(f"record_schema {name} is neither a dataclass nor a pydantic model")
+    fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    extra = sorted(set(data) - set(fields))
+    if extra:
+        raise InvalidRecord(f"does not fit {name}: unexpected field(s) {', '.join(extra)}")
+    missing = sorted(
+        n for n, f in fields.items()
+        if n not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )  # fmt: skip
+    if missing:
+        raise InvalidRecord(f"does not fit {name}: missing field(s) {', '.join(missing)}")
+    hints = typing.get_type_hints(schema)
+    for key, value in data.items():
+        if _type_ok(value, hints.get(key, Any)) is False:
+            raise InvalidRecord(
+                f"does not fit {name}: field {key} is {type(value).__name__} {value!r:.60}, "
+                f"expected {hints[key]}"
+            )
+    try:
+        obj = schema(**data)
+    except (TypeError, ValueError) as exc:  # the schema's own __post_init__ checks
+        raise InvalidRecord(f"does not fit {name}: {exc}") from None
+    return dataclasses.asdict(obj)
 
 
 class SpiderLoadError(Exception):
@@ -325,6 +817,13 @@ def load_spider(spec: str | None) -> type[Spider]:
         raise SpiderLoadError(f"{target} has no attribute {cls_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Spider)):
         raise SpiderLoadError(f"{cls_name!r} in {target} is not an idemcrawl.Spider subclass")
+    schema = cls.record_schema
+    if schema is not None and not (
+        dataclasses.is_dataclass(schema) or hasattr(schema, "model_validate")
+    ):
+        raise SpiderLoadError(
+            f"{cls_name}.record_schema must be a dataclass or a pydantic model, got {schema!r}"
+        )
     return cls
 
 
@@ -339,10 +838,15 @@ class ParseJob:
     body: bytes
     depth: int
     kind: str = PAGE
+    #: The lease's request spec: which callback, with what context (None: ``parse``).
+    request: RequestSpec | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A plain tuple on the wire: the dataclass default pickles a field dict per object.
-        return (ParseJob, (self.url, self.status, self.headers, self.body, self.depth, self.kind))
+        return (
+            ParseJob,
+            (self.url, self.status, self.headers, self.body, self.depth, self.kind, self.request),
+        )
 
 
 @dataclass(slots=True)
@@ -427,7 +931,9 @@ class Parser:
             # Redirects are followed by the crawler, not the HTTP library: the target becomes a
             # URL of its own and goes through the same discovery path (R14).
             loc = job.headers.get("location")
-            if loc:
+            if loc and job.request is not None:
+                self._redirect_request(result, loc, job, depth)
+            elif loc:
                 self._follow(result, loc, job.url, depth, 0, job.kind)
             return result
         if job.kind == SITEMAP:
@@ -442,15 +948,23 @@ class Parser:
             depth=job.depth,
             scope_hosts=self.scope_hosts,
             scope=self.scope,
+            request=job.request,
         )
-        if job.status >= 400 or not (page.is_html or self.spider.parse_non_html):
+        callback = job.request.callback if job.request else None
+        if job.status >= 400 or not (
+            page.is_html or self.spider.parse_non_html or callback is not None
+        ):
             return result
         try:
-            for item in self.spider.parse(page) or ():
+            for item in self._callback(callback)(page) or ():
                 if isinstance(item, str):
                     self._follow_page_link(result, item, page, depth, 0)
                 elif isinstance(item, Record):
-                    result.records.append(self._record(item))
+                    write = self._record(item)
+                    if write is not None:
+                        result.records.append(write)
+                elif isinstance(item, Request):
+                    self._request(result, item, page, depth)
                 elif isinstance(item, Link):
                     self._follow_page_link(result, item.url, page, depth, item.priority)
                 elif isinstance(item, Download):
@@ -460,7 +974,7 @@ class Parser:
                 else:
                     raise TypeError(
                         f"spider yielded {type(item).__name__}; "
-                        "expected Record, Link, Download or str"
+                        "expected Record, Request, Link, Download or str"
                     )
             if page.is_html:
                 result.canonical = _canonical_hint(page)
@@ -476,6 +990,62 @@ class Parser:
             return ParseResult(error=f"parse error: {type(exc).__name__}: {exc}"[:500])
         return result
 
+    def _callback(self, name: str | None) -> Callable[[Page], Iterable[Any]]:
+        """The spider method called ``name`` (``parse`` for None)."""
+        fn = getattr(self.spider, name or "parse", None)
+        if not callable(fn) or (name or "").startswith("_"):
+            raise ValueError(
+                f"unknown callback {name!r}: {type(self.spider).__name__} has no such method"
+            )
+        return fn  # type: ignore[no-any-return]
+
+    def check_request(self, req: Request) -> RequestSpec | None:
+        """Refuse, when it is yielded, a request whose response could never be parsed: its
+        callback must be a public method of this spider (data was checked when it was made)."""
+        if req.callback is not None:
+            self._callback(req.callback)
+        return req.spec()
+
+    def _request(self, result: ParseResult, req: Request, page: Page, depth: int) -> None:
+        """A yielded :class:`Request`: checked, then the same discovery path as a link, its
+        frontier key carrying method and body (``request_key``) and its spec stored with it."""
+        spec = self.check_request(req)
+        try:
+            u = page.resolver.resolve(req.url)
+        except urls.InvalidURL:
+            _count(result.rejected, "invalid_url")
+            return
+        if not urls.in_scope(u, self.scope_hosts, self.scope):
+            _count(result.rejected, "out_of_scope")
+            return
+        key = request_key(u, req.method, req.body)
+        self._accept(result, u, urls.host_key(u), depth, req.priority, PAGE, key, spec)
+
+    def _redirect_request(self, result: ParseResult, loc: str, job: ParseJob, depth: int) -> None:
+        """A redirect of a request with a spec: the target keeps its callback, context and
+        headers; 301/302/303 turn a POST (any method but HEAD) into a GET without a body, as
+        browsers do; 307/308 repeat the method and body."""
+        spec = job.request
+        assert spec is not None
+        try:
+            target = urls.normalise(loc, job.url.partition("#")[0])
+        except urls.InvalidURL:
+            _count(result.rejected, "invalid_url")
+            return
+        if not urls.in_scope(target, self.scope_hosts, self.scope):
+            _count(result.rejected, "out_of_scope")
+            return
+        if job.status not in (307, 308) and spec.method not in ("GET", "HEAD"):
+            body_headers = ("content-type", "content-encoding")
+            pairs = [p for p in spec.header_pairs() if p[0].lower() not in body_headers]
+            headers = _json_text([list(p) for p in pairs], "headers") if pairs else None
+            spec = RequestSpec("GET", spec.callback, spec.data, headers, None)
+        if spec == RequestSpec():
+            key, spec_or_none = target, None
+        else:
+            key, spec_or_none = request_key(target, spec.method, spec.body), spec
+        self._accept(result, target, urls.host_key(target), depth, 0, job.kind, key, spec_or_none)
+
     def _requisites(self, result: ParseResult, page: Page, depth: int) -> None:
         """A page's requisites enter the frontier on any host (each host under its own
         robots.txt and politeness), at the page's own depth (they are part of it), ahead of
@@ -483,11 +1053,28 @@ class Parser:
         for u in page.requisites():
             self._accept(result, u, urls.host_key(u), depth, 2, REQUISITE)
 
-    def _record(self, rec: Record) -> RecordWrite:
+    def _record(self, rec: Record) -> RecordWrite | None:
+        """The spider's ``process_record``, then its ``record_schema``: a record that does not
+        fit fails the page with the key and the reason (R1's records are trusted as stored)."""
+        cleaned = self.spider.process_record(rec)
+        if cleaned is None:
+            return None
+        if not isinstance(cleaned, Record):
+            raise TypeError(
+                f"process_record returned {type(cleaned).__name__}; expected Record or None"
+            )
+        rec = cleaned
         if not isinstance(rec.data, dict):
             raise TypeError(f"Record.data must be a dict, got {type(rec.data).__name__}")
-        canonical_json(rec.data)  # fail here, in the worker, on unserialisable data
-        return RecordWrite.make(self.source, str(rec.key), rec.data)
+        data = rec.data
+        schema = self.spider.record_schema
+        if schema is not None:
+            try:
+                data = validate_record(schema, data)
+            except InvalidRecord as exc:
+                raise InvalidRecord(f"record {str(rec.key)!r} {exc}") from None
+        canonical_json(data)  # fail here, in the worker, on unserialisable data
+        return RecordWrite.make(self.source, str(rec.key), data)
 
     def _sitemap(self, result: ParseResult, job: ParseJob, depth: int) -> None:
         """Sitemap entries and child sitemaps enter through the same discovery path (R12)."""
@@ -533,13 +1120,23 @@ class Parser:
         self._accept(result, u, urls.host_key(u), depth, prio, kind)
 
     def _accept(
-        self, result: ParseResult, url: str, hk: str, depth: int, prio: int, kind: str
+        self,
+        result: ParseResult,
+        url: str,
+        hk: str,
+        depth: int,
+        prio: int,
+        kind: str,
+        key: str | None = None,
+        request: RequestSpec | None = None,
     ) -> None:
+        """Add a link that passes the trap checks; ``key`` is its frontier key when that is
+        not the URL itself (a non-GET request)."""
         trap = self._check_url(url, depth)
         if trap is not None:
             _count(result.rejected, reason_class(trap))
             return
-        result.links.append(NewURL(url, hk, prio, depth, kind=kind))
+        result.links.append(NewURL(key or url, hk, prio, depth, kind=kind, request=request))
 
     def _check_url(self, url: str, depth: int) -> str | None:
         """``check_url(url, depth, limits)``, with the URL-only part cached by URL."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .frontier import open_frontier
-from .frontier.base import Reparsed
+from .frontier.base import Reparsed, request_url
 from .parse import ParseJob, Parser
 from .traps import TrapLimits
 from .warc import WarcError, WarcPointer, read_response
@@ -92,7 +92,10 @@ def _reparse_one(
         summary.errors[kind] = summary.errors.get(kind, 0) + 1
         return None
     hdrs = {k.lower(): v for k, v in headers}
-    job = ParseJob(row["url"], status, hdrs, body, int(row["depth"] or 0), row["kind"])
+    job = ParseJob(
+        request_url(row["url"]), status, hdrs, body, int(row["depth"] or 0), row["kind"],
+        row.get("request"),
+    )  # fmt: skip
     result = parser.run(job)
     summary.pages += 1
     if result.error:

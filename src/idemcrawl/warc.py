@@ -211,13 +211,15 @@ def _status_line(http_version: str, status: int, reason: str) -> str:
     return f"{version} {status} {reason}"
 
 
-def _request_head(url: str, http_version: str, headers: list[tuple[str, str]]) -> bytes:
+def _request_head(
+    url: str, http_version: str, headers: list[tuple[str, str]], method: str = "GET"
+) -> bytes:
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     version = http_version if http_version.upper().startswith("HTTP/") else f"HTTP/{http_version}"
     if not any(name.lower() == "host" for name, _ in headers):
         headers = [("Host", parts.netloc), *headers]
-    return _http_head(f"GET {target} {version}", headers)
+    return _http_head(f"{method} {target} {version}", headers)
 
 
 def _stored_headers(
@@ -452,6 +454,8 @@ class WarcStore:
         decoded: bool = True,
         truncated: str | None = None,
         rendered: str | None = None,
+        method: str = "GET",
+        request_body: bytes = b"",
     ) -> WarcPointer:
         """Write request + response + metadata; return the pointer to the response record.
 
@@ -462,7 +466,8 @@ class WarcStore:
         ``body`` is the decoded payload (``decoded=False``: kept as received, so its
         ``Content-Encoding`` stays). ``metadata`` (discovered links, fetch facts) must be
         JSON-serialisable; the key ``"original_headers"`` is added by the store. ``truncated``
-        is the fetcher's cut reason (or a WARC-Truncated value) for a cut body.
+        is the fetcher's cut reason (or a WARC-Truncated value) for a cut body. ``method`` and
+        ``request_body`` are the request's (a spider's POST search, JSON API call).
         """
         _check_uri(url)
         if "original_headers" in metadata:
@@ -473,7 +478,7 @@ class WarcStore:
         digest_bytes = hashlib.sha1(body).digest()
         digest = "sha1:" + base64.b32encode(digest_bytes).decode("ascii")
         response_head = _http_head(_status_line(http_version, status, reason), stored)
-        request_head = _request_head(url, http_version, request_headers)
+        request_head = _request_head(url, http_version, request_headers, method) + request_body
 
         common = [("WARC-Date", date), ("WARC-Target-URI", url)]
         if ip:
@@ -539,6 +544,8 @@ class WarcStore:
         payload_digest: str | None,
         ip: str | None,
         rendered: str | None = None,
+        method: str = "GET",
+        request_body: bytes = b"",
     ) -> WarcPointer:
         """Write request + revisit (headers only); return the pointer to the revisit record.
 
@@ -595,7 +602,7 @@ class WarcStore:
                 ("Content-Type", "application/http; msgtype=request"),
                 ("WARC-Concurrent-To", revisit_id),
             ],
-            _request_head(url, http_version, request_headers),
+            _request_head(url, http_version, request_headers, method) + request_body,
         )
         if rendered is not None:
             _add_rendered(ex, url, date, revisit_id, rendered)

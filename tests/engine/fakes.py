@@ -125,14 +125,24 @@ Answer = FetchResult | FetchError
 
 class FakeFetcher:
     """Canned answers by URL, no network. A list answers in turn (its last answer repeats);
-    an unknown URL gets a 404. ``calls`` lists (url, headers) of every fetch, in order."""
+    an unknown URL gets a 404. ``calls`` lists (url, headers) of every fetch, in order;
+    ``methods`` (method, body) of each."""
 
     def __init__(self, routes: dict[str, Answer | list[Answer]] | None = None) -> None:
         self.routes: dict[str, Answer | list[Answer]] = dict(routes or {})
-        self.calls: list[tuple[str, dict[str, str] | None]] = []
+        self.calls: list[tuple[str, Any]] = []
+        self.methods: list[tuple[str, bytes | None]] = []
 
-    async def fetch(self, url: str, headers: dict[str, str] | None = None) -> FetchResult:
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | list[tuple[str, str]] | None = None,
+        *,
+        method: str = "GET",
+        body: bytes | None = None,
+    ) -> FetchResult:
         self.calls.append((url, headers))
+        self.methods.append((method, body))
         await asyncio.sleep(0)  # a real fetch yields to the loop
         answer = self.routes.get(url)
         if isinstance(answer, list):

@@ -86,10 +86,10 @@ class Hanging(FakeFetcher):
         self.started = asyncio.Event()
         self.answer = asyncio.Event()
 
-    async def fetch(self, url: str, headers: dict[str, str] | None = None) -> FetchResult:
+    async def fetch(self, url: str, headers: Any = None, **kw: Any) -> FetchResult:
         self.started.set()
         await self.answer.wait()
-        return await super().fetch(url, headers)
+        return await super().fetch(url, headers, **kw)
 
 
 def test_stop_lets_the_pages_in_flight_finish_and_commit(tmp_path: Path) -> None:

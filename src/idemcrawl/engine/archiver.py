@@ -37,6 +37,14 @@ T = TypeVar("T")
 RECENT_BODIES = 4096
 
 
+
+def _request_of(lease: Lease) -> dict[str, Any]:
+    """The request's method and body for the WARC request record (a plain GET: nothing)."""
+    spec = lease.request
+    if spec is None:
+        return {}
+    return {"method": spec.method, "request_body": spec.body or b""}
+
 class ArchiveFailed(Exception):
     """The store refused a write; the crawl is stopping, and this page must not commit."""
 
@@ -149,6 +157,10 @@ class Archiver:
                 "elapsed_s": round(rendered.elapsed, 6),
                 "requests": [[x.method, x.url, x.error] for x in rendered.exchanges],
             }
+        if lease.request is not None:  # how it was asked for, as the frontier keeps it
+            metadata["request_key"] = lease.url
+            metadata["callback"] = lease.request.callback
+            metadata["data"] = lease.request.data
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writing[body_digest] = done
         try:
@@ -213,7 +225,8 @@ class Archiver:
             partial(
                 store.write_revisit,
                 rendered=rendered,
-                url=lease.url,
+                url=lease.fetch_url,
+                **_request_of(lease),
                 fetched_at=self._clock.time() - res.elapsed,  # WARC-Date: request sent
                 request_headers=res.request_headers,
                 status=res.status,
@@ -241,7 +254,8 @@ class Archiver:
             partial(
                 store.write_exchange,
                 rendered=rendered,
-                url=lease.url,
+                url=lease.fetch_url,
+                **_request_of(lease),
                 fetched_at=self._clock.time() - res.elapsed,
                 request_headers=res.request_headers,
                 status=res.status,

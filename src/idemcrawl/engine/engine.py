@@ -13,8 +13,10 @@ from aiohttp.abc import AbstractResolver
 
 from .. import owner as owners
 from ..config import CrawlConfig
+from ..cookies import CookieJar
 from ..fetch import Fetcher, FetchSettings
 from ..frontier import Frontier, open_frontier
+from ..parse import load_spider
 from ..render import Renderer, RenderSettings
 from ..robots import state_from_row
 from ..waiting import work_left
@@ -25,7 +27,7 @@ from .clock import Clock, SystemClock
 from .committer import Committer
 from .feeder import Feeder, FeederCore
 from .gate import LinkGate
-from .parsing import ParseClient
+from .parsing import ParseClient, spider_spec
 from .pipeline import PageFetcher, Pipeline
 from .reporter import Reporter
 from .startup import reclaim_dead_owners, reconcile
@@ -215,6 +217,10 @@ class Engine:
             Fetcher(fetch_settings(cfg), cfg.concurrency, self._resolver)
         )
 
+        keep_cookies = load_spider(spider_spec(cfg.spider)).keep_cookies
+        jar = CookieJar() if keep_cookies else None
+        if jar is not None:
+            jar.load(await call(partial(frontier.cookies, clock.time())))
         core = FeederCore(
             frontier,
             clock,
@@ -226,6 +232,7 @@ class Engine:
             horizon=cfg.horizon or None,
             recrawl=cfg.recrawl,
             reclaim=partial(reclaim_dead_owners, frontier, cfg.db, owner),
+            cookies=jar,
         )
         feeder = self._feeder = Feeder(
             core,
@@ -259,6 +266,7 @@ class Engine:
             summary=summary,
             renderer=renderer,
             robots_for=partial(self._robots_rules, call, frontier),
+            cookies=jar,
         )
         committer = Committer(
             frontier,

@@ -24,6 +24,7 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ..cookies import CookieJar
 from ..frontier.base import Frontier, HostPolicy, Lease
 from .calls import Call
 from .clock import Clock, WallClock
@@ -118,8 +119,12 @@ class FeederCore:
         recrawl: bool = False,
         reclaim: Callable[[], int] | None = None,
         horizon: float | None = None,
+        cookies: CookieJar | None = None,
     ) -> None:
         self.frontier = frontier
+        #: The crawl's cookie jar, reloaded after every lease call that granted something:
+        #: the granted URLs were inserted with (or after) the cookies they need (I12).
+        self.cookies = cookies
         self.clock = clock
         self.owner = owner
         self.policy = policy
@@ -181,6 +186,8 @@ class FeederCore:
             self._next_reschedule = now + RESCHEDULE_EVERY
             revisits = f.reschedule_due(now, RESCHEDULE_LIMIT)
         leases = f.lease(self.owner, want, now, self.lease_seconds, self.policy)
+        if leases and self.cookies is not None:
+            self.cookies.load(f.cookies(now))
         self.starved = len(leases) < want
         if leases and not self.starved:
             return Step(Action.LEASED, leases=leases, revisits=revisits)

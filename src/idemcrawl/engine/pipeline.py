@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from .. import url as urls
 from ..config import CrawlConfig
+from ..cookies import CookieJar, cookies_from
 from ..fetch import RETRYABLE_STATUS, FetchError, FetchResult, retry_after_seconds
 from ..frontier.base import (
     DOWNLOAD,
@@ -56,7 +57,14 @@ class PageFetcher(Protocol):
     """What the engine needs of a fetcher (:class:`idemcrawl.fetch.Fetcher` is one): a
     response as data, redirects not followed; FetchError when there is no HTTP response."""
 
-    async def fetch(self, url: str, headers: dict[str, str] | None = None) -> FetchResult: ...
+    async def fetch(
+        self,
+        url: str,
+        headers: dict[str, str] | list[tuple[str, str]] | None = None,
+        *,
+        method: str = "GET",
+        body: bytes | None = None,
+    ) -> FetchResult: ...
 
 
 def conditional_headers(lease: Lease) -> dict[str, str]:
@@ -125,12 +133,15 @@ class Pipeline:
         rng: random.Random | None = None,
         renderer: Renderer | None = None,
         robots_for: Callable[[str], Awaitable[Callable[[str], bool]]] | None = None,
+        cookies: CookieJar | None = None,
     ) -> None:
         self.cfg = cfg
         self.renderer = renderer
         #: A host's robots.txt rules as "may this URL be fetched?" (rendering pages' requests).
         self.robots_for = robots_for
         self._delays = {host: delay for host, delay, _ in cfg.host_overrides if delay is not None}
+        #: The crawl's cookie jar (spiders with ``keep_cookies``), loaded by the feeder.
+        self.cookies = cookies
         self.fetcher = fetcher
         self._parse = parse
         self.archiver = archiver
@@ -154,8 +165,28 @@ class Pipeline:
                 return None  # the crawl is stopping; the lease returns and a restart refetches
         s = self.summary
         conditional = conditional_headers(lease)
+        spec = lease.request
+        cookie = None
+        if self.cookies is not None:
+            cookie = self.cookies.header_for(lease.fetch_url, self.clock.time())
         try:
-            res = await self.fetcher.fetch(lease.url, conditional or None)
+            if spec is None and cookie is None:
+                res = await self.fetcher.fetch(lease.url, conditional or None)
+            else:
+                # A spider's request: its method, headers and body, the same after any restart
+                # (I11), and the crawl's cookies (I12). Validators only make sense for a GET.
+                method = spec.method if spec else "GET"
+                headers = [*conditional.items()] if method == "GET" else []
+                if spec is not None:
+                    headers += spec.header_pairs()
+                if cookie is not None and not any(k.lower() == "cookie" for k, _ in headers):
+                    headers.append(("Cookie", cookie))
+                res = await self.fetcher.fetch(
+                    lease.fetch_url,
+                    headers or None,
+                    method=method,
+                    body=spec.body if spec else None,
+                )
         except FetchError as exc:
             s.count_error(exc.kind)
             if exc.kind == "blocked":
@@ -186,7 +217,9 @@ class Pipeline:
         headers = res.headers
         if rendered is not None:  # the DOM is UTF-8 text now, whatever the page declared
             headers = {**headers, "content-type": "text/html; charset=utf-8"}
-        job = ParseJob(lease.url, res.status, headers, body, lease.depth, lease.kind)
+        job = ParseJob(
+            lease.fetch_url, res.status, headers, body, lease.depth, lease.kind, lease.request
+        )
         result = await self._parse(job)
         links = result.links
         counters: dict[str, int] = {}
@@ -239,6 +272,11 @@ class Pipeline:
             near_dup_of=near,
             canonical_hint=result.canonical,
             redirect_to=redirect_to,
+            cookies=(
+                cookies_from(res.raw_headers, lease.fetch_url, self.clock.time())
+                if self.cookies is not None
+                else ()
+            ),
         )
 
     async def _render(self, lease: Lease, res: FetchResult) -> RenderResult | None:
@@ -253,12 +291,16 @@ class Pipeline:
         allowed = None if self.robots_for is None else await self.robots_for(host)
 
         async def fetch(url: str, method: str, headers: dict[str, str], body: Any) -> FetchResult:
-            # A page's script is held to the rules its own page was: robots.txt (R7), GET only.
-            if method != "GET" or body:
-                raise FetchError("refused", f"{method} from a rendering page is not sent")
+            # A page's script is held to the rules its own page was: robots.txt (R7), the
+            # crawl's cookies (I12), the fetcher's guard and limits.
             if allowed is not None and urls.host_key(url) == host and not allowed(url):
                 raise FetchError("refused", "disallowed by robots.txt")
-            return await self.fetcher.fetch(url, headers)
+            pairs = list(headers.items())
+            if self.cookies is not None:
+                cookie = self.cookies.header_for(url, self.clock.time())
+                if cookie is not None:
+                    pairs.append(("Cookie", cookie))
+            return await self.fetcher.fetch(url, pairs or None, method=method, body=body or None)
 
         return await self.renderer.render(res, fetch, gap=gap)
 
@@ -347,7 +389,7 @@ class Pipeline:
         """R14: the target is a URL of its own (scope, robots, SSRF and dedup apply to it as to
         any link) one hop further; past ``max_redirects`` hops the chain is cut and recorded."""
         try:
-            target: str | None = urls.normalise(location, lease.url)
+            target: str | None = urls.normalise(location, lease.fetch_url)
         except urls.InvalidURL:
             target = None
         hops = lease.hops + 1

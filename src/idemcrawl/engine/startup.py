@@ -24,9 +24,11 @@ from ..config import CrawlConfig
 from ..dedup import BloomNegativeCache
 from ..discovery import DiscoveryGate
 from ..frontier.base import SITEMAP, Frontier, NewURL
+from ..parse import load_spider, start_links
 from .clock import WallClock
 from .gate import load_gate
 from .neardup import NearDuplicates
+from .parsing import spider_spec
 from .warmup import MIN_BLOOM
 
 
@@ -51,6 +53,8 @@ def reclaim_dead_owners(frontier: Frontier, crawl: str, me: str) -> int:
 
 
 def seed_urls(cfg: CrawlConfig) -> list[NewURL]:
+    """The configured seeds and sitemaps, then the spider's start requests (``start_urls`` /
+    ``start_requests()``, with their callbacks and context)."""
     seeds = []
     for raw in cfg.seeds:
         u = urls.normalise(raw)
@@ -58,6 +62,8 @@ def seed_urls(cfg: CrawlConfig) -> list[NewURL]:
     for raw in cfg.sitemaps:
         u = urls.normalise(raw)
         seeds.append(NewURL(u, urls.host_key(u), priority=5, kind=SITEMAP))
+    if cfg.spider:
+        seeds += start_links(load_spider(spider_spec(cfg.spider))())
     return seeds
 
 

@@ -9,7 +9,7 @@ Invariants
 ==========
 
 I1  A URL is known at most once. ``add`` of a known URL (same normalised string) is a no-op; it
-    never resets state, version, priority or depth.                                        (R2, R10)
+    never resets state, version, priority, depth or request (I11).                         (R2, R10)
 I2  A URL is in exactly one state: ``queued`` (waiting; ``due_at`` says from when), ``leased``
     (granted to one owner until ``lease_expires_at``), ``done``, ``failed``, or set aside with a
     ``reason`` saying why (``out_of_scope``, ``disallowed``, ``rejected``; ``deferred`` until
@@ -47,6 +47,13 @@ I9  Partition ownership is a lease with a fencing token: taking over an expired 
 I10 robots.txt gates a host (R7): no page URL of a host is leased while its robots state is
     unknown or expired (only its robots.txt URL is); a URL the rules disallow becomes
     ``disallowed`` with the reason instead of being leased.
+I11 A URL added with a :class:`RequestSpec` (method, headers, body, callback, context) keeps it
+    from the transaction that inserted the URL on: every lease of the URL, in any process and
+    after any crash, carries the same spec; a URL added without one never gains one later.
+    A request's key is :func:`request_key` (a plain GET's is its URL).
+I12 The cookies a completion carries are written (upserted by domain, path and name; one that
+    has expired deletes the stored one) in the completion's transaction, and only if it is
+    accepted: ``cookies`` read after that commit, from any process, return them.
 
 Where they are kept
 ===================
@@ -141,6 +148,68 @@ def content_hash(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
+#: HTTP methods a spider's request may use (``parse.Request`` refuses others).
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """How a URL is to be fetched and parsed, when that is not a plain GET for ``parse``.
+
+    Stored in the sparse ``requests`` side table (one row per URL that has one, written in the
+    transaction that inserts the URL) and carried on its :class:`Lease`, so after any crash the
+    URL is fetched with the same method, headers and body and parsed by the same callback with
+    the same context. ``data`` and ``headers`` are JSON text (``headers`` a list of
+    ``[name, value]`` pairs), ``body`` raw bytes.
+    """
+
+    method: str = "GET"
+    callback: str | None = None
+    data: str | None = None
+    headers: str | None = None
+    body: bytes | None = None
+
+    def header_pairs(self) -> list[tuple[str, str]]:
+        """The extra request headers, in the order the spider gave them."""
+        if not self.headers:
+            return []
+        return [(str(k), str(v)) for k, v in json.loads(self.headers)]
+
+
+def request_key(url: str, method: str = "GET", body: bytes | None = None) -> str:
+    """A request's identity in the frontier (its ``urls.url``): method + URL + body digest.
+
+    A plain GET (no body) is its URL, unchanged. Anything else is the URL with a fragment
+    ``#METHOD:<digest of the body>``: normalised URLs never have a fragment, so such a key
+    can never equal a GET's, two POSTs with different bodies stay apart, and the same POST
+    yielded twice is one URL (I1). :func:`request_url` gives the URL to fetch back.
+    """
+    if method == "GET" and not body:
+        return url
+    digest = hashlib.blake2b(body or b"", digest_size=12).hexdigest()
+    return f"{url}#{method}:{digest}"
+
+
+def request_url(key: str) -> str:
+    """The URL to fetch for a frontier key (:func:`request_key`): the key without its
+    ``#METHOD:digest`` part."""
+    return key.partition("#")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Cookie:
+    """One cookie of the crawl's jar (``idemcrawl.cookies``): the frontier's ``cookies`` row,
+    keyed by (domain, path, name). ``expires`` None: until the crawl ends."""
+
+    domain: str
+    path: str
+    name: str
+    value: str
+    expires: float | None = None
+    secure: bool = False
+    host_only: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class NewURL:
     """A URL entering the frontier; ``url`` is already normalised and scope-checked."""
@@ -154,6 +223,9 @@ class NewURL:
     kind: str = PAGE
     #: Redirect hops that led here (R14): a redirect target is hops + 1 of its source.
     hops: int = 0
+    #: How to fetch and parse it, when not a plain GET for ``parse`` (stored only if the URL
+    #: is new: the first request for a key wins, like the URL itself, I1).
+    request: RequestSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +285,14 @@ class Lease:
     #: latency-adaptive gap gets several grants per lease call, each promised its own start a
     #: gap after the previous one; the lease log records that start (I6).
     start_at: float = 0.0
+    #: The request's method, headers, body, callback and context (None: a plain GET).
+    request: RequestSpec | None = None
+
+    @property
+    def fetch_url(self) -> str:
+        """The URL to request (``url`` is the frontier key, which for a non-GET request
+        carries the method and body digest: :func:`request_key`)."""
+        return request_url(self.url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +356,9 @@ class Completion:
     stored_file: str | None = None
     #: Extra named counters to add in the same transaction (e.g. redirect_loops).
     counters: dict[str, int] = field(default_factory=dict)
+    #: Cookies the response set (spiders with ``keep_cookies``): stored with the completion,
+    #: so a login's session commits with the login (I12).
+    cookies: Sequence[Cookie] = ()
 
 
 @dataclass(slots=True)
@@ -491,6 +574,10 @@ class CrawlState(Protocol):
 
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
         """Archived full bodies by payload digest: (warc_file, offset, length, first url)."""
+        ...
+
+    def cookies(self, now: float) -> list[Cookie]:
+        """The crawl's cookie jar: every stored cookie not expired at ``now`` (I12)."""
         ...
 
     def body_digests(self, after: str = "", limit: int | None = None) -> list[str]:

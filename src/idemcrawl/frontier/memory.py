@@ -105,6 +105,8 @@ class MemoryStore(MemoryReads):
         self.events: list[tuple[Any, ...]] = []
         self.event_keys: set[tuple[int, int]] = set()
         self.bodies: dict[str, tuple[Any, ...]] = {}
+        self.requests: dict[int, base.RequestSpec] = {}
+        self.cookie_jar: dict[tuple[str, str, str], base.Cookie] = {}
         self.lease_log: list[tuple[Any, ...]] = []
         self.counters: Counter[str] = Counter()
         self.meta: dict[str, str] = {}
@@ -417,6 +419,29 @@ class MemoryStore(MemoryReads):
             self._set_state(u, new.state)
             n += 1
         return n
+
+    def insert_requests(self, rows: Sequence[tuple[str, base.RequestSpec]]) -> None:
+        for key, spec in rows:
+            u = self.by_url.get(key)
+            if u is not None:
+                self.requests.setdefault(u.url_id, spec)
+
+    def requests_of(self, url_ids: Sequence[int]) -> dict[int, base.RequestSpec]:
+        return {i: self.requests[i] for i in url_ids if i in self.requests}
+
+    def set_cookies(self, cookies: Sequence[base.Cookie], now: float) -> None:
+        for c in cookies:
+            self.cookie_jar[(c.domain, c.path, c.name)] = c
+        for k, c in list(self.cookie_jar.items()):
+            if c.expires is not None and c.expires <= now:
+                del self.cookie_jar[k]
+
+    def cookie_rows(self, now: float) -> list[base.Cookie]:
+        return [
+            c
+            for _, c in sorted(self.cookie_jar.items())
+            if c.expires is None or c.expires > now
+        ]
 
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
         for rid, source, key, url, data, chash, now, _ in rows:

@@ -218,5 +218,28 @@ CREATE TABLE bodies (
     first_seen     DOUBLE PRECISION NOT NULL
 )""",
     ),
+    # 4: requests as data and the cookie jar (issue 16; see sqlite.py).
+    (
+        """
+CREATE TABLE requests (
+    url_id   BIGINT PRIMARY KEY,
+    method   TEXT NOT NULL,
+    callback TEXT,
+    data     TEXT,
+    headers  TEXT,
+    body     BYTEA
+)""",
+        """
+CREATE TABLE cookies (
+    domain    TEXT NOT NULL,
+    path      TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    value     TEXT NOT NULL,
+    expires   DOUBLE PRECISION,
+    secure    INTEGER NOT NULL,
+    host_only INTEGER NOT NULL,
+    PRIMARY KEY (domain, path, name)
+)""",
+    ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

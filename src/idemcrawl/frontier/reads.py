@@ -185,10 +185,21 @@ class Reads:
     def reparse_candidates(
         self, where_failed: bool, after_id: int, limit: int
     ) -> list[dict[str, Any]]:
-        return self._read(lambda s: s.reparse_candidates(where_failed, after_id, limit))
+        def read(s: Any) -> list[dict[str, Any]]:
+            rows = s.reparse_candidates(where_failed, after_id, limit)
+            specs = s.requests_of([r["url_id"] for r in rows]) if rows else {}
+            for r in rows:  # parsed again by the callback it was fetched for (I11)
+                r["request"] = specs.get(r["url_id"])
+            return rows
+
+        return self._read(read)
 
     def recent_errors(self, limit: int) -> list[dict[str, Any]]:
         return self._read(lambda s: s.recent_errors(limit))
+
+    def cookies(self, now: float) -> list[Any]:
+        """The crawl's cookie jar (I12): every stored cookie not expired at ``now``."""
+        return self._read(lambda s: s.cookie_rows(now))
 
     # -- inspection (tests, status, debugging) -------------------------------------------------
 

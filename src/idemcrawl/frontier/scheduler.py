@@ -24,6 +24,7 @@ and written back once per host.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -52,8 +53,10 @@ from .base import (
     NewURL,
     PartitionBusy,
     Reparsed,
+    RequestSpec,
     StaleEpoch,
     control_value,
+    request_url,
 )
 from .reads import Reads
 from .store import (
@@ -183,6 +186,36 @@ def lease_from_row(
     )
 
 
+def insert_urls(s: Store, urls: Sequence[NewURL], now: float) -> int:
+    """Insert-if-absent (I1) and, for the URLs that are new, their request specs in the same
+    transaction (I11). The first occurrence of a key decides: a key known before, or first
+    seen in this batch without a spec, gets none. Returns how many URLs were new."""
+    first: dict[str, RequestSpec | None] = {}
+    for u in urls:
+        first.setdefault(u.url, u.request)
+    specs = {k: r for k, r in first.items() if r is not None}
+    # Every writer has locked the hosts of the URLs it inserts (lock_hosts), so no other
+    # transaction can insert one of these keys between this read and the insert.
+    known = s.existing_urls(list(specs)) if specs else set()
+    n = s.insert_urls(urls, now)
+    fresh = [(k, r) for k, r in specs.items() if k not in known]
+    if fresh:
+        s.insert_requests(fresh)
+    return n
+
+
+def with_requests(s: Store, leases: list[Lease]) -> list[Lease]:
+    """The leases with their stored request specs (I11): one batched read, robots.txt aside."""
+    ids = [ls.url_id for ls in leases if ls.kind != ROBOTS]
+    specs = s.requests_of(ids) if ids else {}
+    if not specs:
+        return leases
+    return [
+        dataclasses.replace(ls, request=specs[ls.url_id]) if ls.url_id in specs else ls
+        for ls in leases
+    ]
+
+
 def status_class(status: int | None) -> str | None:
     """The response class a metric counts (R24): 2xx, 3xx, 304, 4xx, 429, 5xx."""
     if status is None or status <= 0:
@@ -279,7 +312,7 @@ class Scheduler(Reads):
             # Lock first, like every writer: a completion inserting the same link cannot wait
             # on us while we wait on its host row.
             s.lock_hosts({u.host_key for u in batch})
-            return s.insert_urls(batch, now)
+            return insert_urls(s, batch, now)
 
         return self._run(tx)
 
@@ -343,7 +376,7 @@ class Scheduler(Reads):
         if grants:
             s.grant(grants, owner, now, expires)
         s.bump("leases_granted", granted)
-        return [ls for g in grants for ls in g.leases]
+        return with_requests(s, [ls for g in grants for ls in g.leases])
 
     def _plan_host(
         self,
@@ -413,7 +446,7 @@ class Scheduler(Reads):
                     if (
                         p.state is None
                         or policy.robots is None
-                        or policy.robots.allowed(key, p.state, r[1])
+                        or policy.robots.allowed(key, p.state, request_url(r[1]))
                     ):
                         if len(p.rows) < p.take:
                             p.rows.append(r)
@@ -576,8 +609,11 @@ class Scheduler(Reads):
         ]
         if records:
             s.upsert_records(records)
+        cookies = [k for c in pages for k in c.cookies]
+        if cookies:  # I12: a session commits with the response that opened it
+            s.set_cookies(cookies, now)
         links = [u for c in pages for u in c.links]
-        links_new = s.insert_urls(links, now) if links else 0
+        links_new = insert_urls(s, links, now) if links else 0
         bodies = [
             (c.payload_digest, c.lease.url_id, c.lease.url, c.warc_file, c.warc_offset,
              c.warc_length, now)
@@ -838,7 +874,7 @@ class Scheduler(Reads):
             ]
             if records:
                 s.upsert_records(records)
-            new = s.insert_urls(links, now) if links else 0
+            new = insert_urls(s, links, now) if links else 0
             s.reparse_outcome([(it.error, it.url_id) for it in items])
             s.bump("reparsed", len(items))
             s.bump("links_new", new)

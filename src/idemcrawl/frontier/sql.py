@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..politeness import MAX_STREAK_SHIFT
-from .base import STATES, Completion, FrontierStats, Lease, NewURL, Progress
+from .base import STATES, Completion, Cookie, FrontierStats, Lease, NewURL, Progress, RequestSpec
 from .sql_dialect import (
     FAIL_SET,
     FENCE,
@@ -290,8 +290,49 @@ class SQLStore:
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
         return self._xm(INSERT_URL, [url_values(u, now) for u in urls])
 
+    def insert_requests(self, rows: Sequence[tuple[str, RequestSpec]]) -> None:
+        self._xm(
+            "INSERT INTO requests(url_id, method, callback, data, headers, body) "
+            "SELECT url_id, ?, ?, ?, ?, ? FROM urls WHERE url = ? ON CONFLICT DO NOTHING",
+            [(r.method, r.callback, r.data, r.headers, r.body, key) for key, r in rows],
+        )
+
+    def requests_of(self, url_ids: Sequence[int]) -> dict[int, RequestSpec]:
+        out: dict[int, RequestSpec] = {}
+        query = (
+            "SELECT url_id, method, callback, data, headers, body FROM requests "
+            "WHERE url_id {in}"
+        )
+        for cur in self._in(query, list(url_ids)):
+            for url_id, method, callback, data, headers, body in cur.fetchall():
+                body = None if body is None else bytes(body)
+                out[int(url_id)] = RequestSpec(method, callback, data, headers, body)
+        return out
+
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self._xm(UPSERT_RECORD, rows)
+
+    def set_cookies(self, cookies: Sequence[Cookie], now: float) -> None:
+        last = {(c.domain, c.path, c.name): c for c in cookies}  # the last one set wins
+        self._xm(
+            "INSERT INTO cookies(domain, path, name, value, expires, secure, host_only) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(domain, path, name) DO UPDATE SET "
+            "value = excluded.value, expires = excluded.expires, secure = excluded.secure, "
+            "host_only = excluded.host_only",
+            [
+                (c.domain, c.path, c.name, c.value, c.expires, int(c.secure), int(c.host_only))
+                for c in last.values()
+            ],
+        )
+        self._x("DELETE FROM cookies WHERE expires <= ?", (now,))
+
+    def cookie_rows(self, now: float) -> list[Cookie]:
+        rows = self._x(
+            "SELECT domain, path, name, value, expires, secure, host_only FROM cookies "
+            "WHERE expires IS NULL OR expires > ? ORDER BY domain, path, name",
+            (now,),
+        ).fetchall()
+        return [Cookie(d, p, n, v, e, bool(s), bool(h)) for d, p, n, v, e, s, h in rows]
 
     def insert_bodies(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self._xm(

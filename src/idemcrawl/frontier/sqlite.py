@@ -196,6 +196,33 @@ CREATE TABLE bodies (
     first_seen     REAL    NOT NULL
 );
 """,
+    # 4: requests as data and the cookie jar (issue 16): how a URL is fetched and parsed when
+    # that is not a plain
+    # GET for the spider's parse(). Sparse: only URLs that have one get a row, in the same
+    # transaction as the URL (frontier/base.py I11); the key of a non-GET URL carries its
+    # method and body digest (base.request_key).
+    """
+CREATE TABLE requests (
+    url_id   INTEGER PRIMARY KEY,   -- urls.url_id
+    method   TEXT    NOT NULL,      -- GET, POST, ...
+    callback TEXT,                  -- the spider method's name; NULL: parse
+    data     TEXT,                  -- the context a callback gets as page.data (JSON)
+    headers  TEXT,                  -- extra request headers, JSON [[name, value], ...]
+    body     BLOB                   -- request body
+);
+-- The crawl's cookie jar (spiders with keep_cookies; idemcrawl/cookies.py), shared by every
+-- process and written with the completion of the response that set each cookie (I12).
+CREATE TABLE cookies (
+    domain    TEXT    NOT NULL,
+    path      TEXT    NOT NULL,
+    name      TEXT    NOT NULL,
+    value     TEXT    NOT NULL,
+    expires   REAL,                 -- NULL: a session cookie (kept for the crawl)
+    secure    INTEGER NOT NULL,
+    host_only INTEGER NOT NULL,
+    PRIMARY KEY (domain, path, name)
+);
+""",
 ]
 
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from .base import Completion, FrontierStats, Lease, NewURL, Progress
+from .base import Completion, Cookie, FrontierStats, Lease, NewURL, Progress, RequestSpec
 
 #: Bumped with the schema, on every backend alike (``migrate`` returns it).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: The columns of ``urls``, in table order (what ``url_row`` returns).
 URL_COLUMNS = (
@@ -315,8 +315,25 @@ class Store(Protocol):
         """Insert-if-absent (I1); returns how many were new."""
         ...
 
+    def insert_requests(self, rows: Sequence[tuple[str, RequestSpec]]) -> None:
+        """(url key, spec): the side-table rows of URLs this transaction has just inserted
+        (I11); a URL that already has one keeps it."""
+        ...
+
+    def requests_of(self, url_ids: Sequence[int]) -> dict[int, RequestSpec]:
+        """The stored request specs of those of ``url_ids`` that have one."""
+        ...
+
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """(record_id, source, key, url, data, content_hash, now, now): I5's upsert."""
+        ...
+
+    def set_cookies(self, cookies: Sequence[Cookie], now: float) -> None:
+        """Upsert by (domain, path, name) in order; then drop every cookie expired at ``now``."""
+        ...
+
+    def cookie_rows(self, now: float) -> list[Cookie]:
+        """Stored cookies not expired at ``now``."""
         ...
 
     def insert_bodies(self, rows: Sequence[tuple[Any, ...]]) -> None:

@@ -33,11 +33,14 @@ def add_parsers(sub: Any) -> None:
         "(listing pages linking products; request counts at /__stats). 'politeness' serves four "
         "hosts, one port each: a and b with robots rules (a also answers 429/503/500 on some "
         "pages), c with robots Crawl-delay 1, d whose robots.txt answers 500; the request log "
-        "(host, path, start, end) of all of them is at /__log.",
+        "(host, path, start, end) of all of them is at /__log. 'sandbox' is the scraping "
+        "sandbox the examples/ spiders scrape: a paginated catalogue whose details need the "
+        "listing's context, a POST search form, a login with a CSRF token, a JSON load-more API "
+        "and a JavaScript-only page (request log at /__log).",
     )
     t.add_argument(
         "--site",
-        choices=("shop", "politeness", "traps", "hostile"),
+        choices=("shop", "politeness", "traps", "hostile", "sandbox"),
         default="shop",
         help="traps: an infinite calendar, facets, session ids, /a/a/a…, duplicate "
         "pages and 20 real products (port --port); hostile: pages that change on a schedule "
@@ -195,6 +198,14 @@ def run_own_parser(argv: Sequence[str]) -> int | None:
 
 
 def cmd_testsite(a: argparse.Namespace) -> int:
+    if a.site == "sandbox":
+        from idemcrawl.lab.testsite.sandbox import SandboxServer
+
+        server = SandboxServer(host=a.host, port=a.port)
+        server.serve_until_signal(
+            lambda: print(f"serving the scraping sandbox at {server.base_url}/", flush=True)
+        )
+        return 0
     if a.site == "hostile":
         from idemcrawl.lab.testsite.hostile import serve_forever
 

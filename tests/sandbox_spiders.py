@@ -1,0 +1,60 @@
+"""Spiders the sandbox crawl tests run in crawl processes (``tests.sandbox_spiders:Class``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from examples.catalog import Catalog
+from idemcrawl.parse import Page, Record, Request
+
+
+class CatalogSearch(Catalog):
+    """The catalogue, plus a POST search for each category a listing shows: the same query
+    from two listings is one request (same method, URL and body)."""
+
+    name = "catalog"
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        yield from super().parse(page)
+        for cat in sorted({n.text() for n in page.css("li.item .category")}):
+            yield Request(
+                page.follow("/search").url,
+                self.parse_results,
+                data={"query": cat},
+                method="POST",
+                body=f"form_id=search-v1&q={cat}",
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+            )
+
+    def parse_results(self, page: Page) -> Iterator[Record]:
+        q = page.data["query"]
+        for hit in page.css("li.hit"):
+            name, price = hit.css_first(".name"), hit.css_first(".price")
+            assert name is not None and price is not None
+            n = int(name.text().split()[-1])
+            yield Record(f"{q}:{n}", {"query": q, "name": name.text(), "price": price.text()})
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    category: str
+    listing_page: int
+    rank: int
+    currency: str = "EUR"
+
+
+class StrictCatalog(Catalog):
+    """The catalogue with a record schema its records do not fit (price is text)."""
+
+    record_schema = Item
+
+
+class CleanCatalog(StrictCatalog):
+    """The fix: ``process_record`` turns the price into a number before validation."""
+
+    def process_record(self, record: Record) -> Record | None:
+        return Record(record.key, {**record.data, "price": float(record.data["price"])})
