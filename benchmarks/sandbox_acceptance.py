@@ -37,6 +37,7 @@ from idemcrawl.lab.testsite.sandbox import (
     SandboxServer,
     expected_api,
     expected_items,
+    expected_js,
     expected_members,
     expected_search,
     item_category,
@@ -138,6 +139,7 @@ def run_one(name: str, spider: str, kills: int, tmp: Path) -> bool:
         "api": expected_api(cfg),
         "search": expected_search(cfg, ["books", "toys"]),
         "login": expected_members(cfg),
+        "js": expected_js(cfg),
     }[name]
     got = records(db)
     paths = Counter((e["method"], e["path"], e["body"]) for e in log)
@@ -169,6 +171,7 @@ def main() -> int:
         "api": "examples/api.py:LoadMore",
         "search": "examples/search.py:Search",
         "login": "examples/login.py:Members",
+        "js": "examples/js.py:Rendered",
     }
     with tempfile.TemporaryDirectory() as d:
         results = [run_one(name, spec, a.kills, Path(d)) for name, spec in spiders.items()]

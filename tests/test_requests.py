@@ -420,3 +420,11 @@ def test_a_pydantic_style_schema_is_used_through_model_validate() -> None:
     assert validate_record(Model, {"n": 2}) == {"n": 2, "kind": "model"}
     with pytest.raises(InvalidRecord, match="does not fit Model: 1 validation error"):
         validate_record(Model, {"n": "x"})
+
+
+def test_render_alone_makes_a_request_worth_storing() -> None:
+    from idemcrawl.parse import Request
+
+    assert Request("http://a/p").spec() is None
+    spec = Request("http://a/p", render=True).spec()
+    assert spec is not None and spec.render and spec.method == "GET" and spec.callback is None

@@ -148,7 +148,7 @@ class Request:
     callback, data, headers and priority do not make a request new.
     """
 
-    __slots__ = ("body", "callback", "data", "headers", "method", "priority", "url")
+    __slots__ = ("body", "callback", "data", "headers", "method", "priority", "render", "url")
 
     def __init__(
         self,
@@ -161,6 +161,7 @@ class Request:
         body: bytes | str | None = None,
         json: Any = _UNSET,
         priority: int = 0,
+        render: bool = False,
     ) -> None:
         if not isinstance(url, str) or not url:
             raise TypeError(f"Request url must be a non-empty str, got {url!r}")
@@ -203,6 +204,9 @@ class Request:
         _limit("Request body", len(self.body or b""), MAX_REQUEST_BODY)
         _limit("Request headers", sum(len(k) + len(v) for k, v in pairs), MAX_REQUEST_HEADERS)
         self.priority = int(priority)
+        #: Run the response in headless Chromium before the callback sees it (``crawl
+        #: --render`` does it for every page; this for one request).
+        self.render = bool(render)
 
     def spec(self) -> RequestSpec | None:
         """What the frontier stores for it; None for a plain GET parsed by ``parse``."""
@@ -212,6 +216,7 @@ class Request:
             and not self.data
             and not self.headers
             and not self.body
+            and not self.render
         ):
             return None
         data = _json_text(self.data, "Request data") if self.data else None
@@ -222,6 +227,7 @@ class Request:
             data,
             _json_text([list(p) for p in self.headers], "headers") if self.headers else None,
             self.body,
+            self.render,
         )
 
     def __repr__(self) -> str:
@@ -575,6 +581,9 @@ class Spider:
     #: spider, then ``idemcrawl reparse --where-failed``); what is stored is the validated data
     #: (defaults filled in).
     record_schema: type | None = None
+    #: Run every HTML page in headless Chromium before parsing it, as ``crawl --render`` does
+    #: (``Request(url, render=True)`` asks for it one request at a time).
+    render: bool = False
 
     def process_record(self, record: Record) -> Record | None:
         """Clean a record before it is validated and stored; None drops it."""
@@ -1039,7 +1048,7 @@ class Parser:
             body_headers = ("content-type", "content-encoding")
             pairs = [p for p in spec.header_pairs() if p[0].lower() not in body_headers]
             headers = _json_text([list(p) for p in pairs], "headers") if pairs else None
-            spec = RequestSpec("GET", spec.callback, spec.data, headers, None)
+            spec = RequestSpec("GET", spec.callback, spec.data, headers, None, spec.render)
         if spec == RequestSpec():
             key, spec_or_none = target, None
         else:

@@ -22,6 +22,8 @@ FAST = HostPolicy(max_in_flight=8, delay=0.0)
 H = "http://a"
 
 ITEM = RequestSpec(callback="parse_item", data='{"category":"books","rank":3}')
+#: A plain GET for ``parse`` whose only difference is that it is rendered: it needs a row too.
+RENDERED = RequestSpec(render=True)
 SEARCH = RequestSpec(
     method="POST",
     callback="parse_results",
@@ -51,15 +53,17 @@ def test_spec_comes_back_on_the_lease(frontier: Frontier) -> None:
                 NewURL(f"{H}/plain", H),
                 NewURL(f"{H}/item/1", H, request=ITEM),
                 NewURL(post, H, request=SEARCH),
+                NewURL(f"{H}/js", H, request=RENDERED),
             ],
             T0,
         )
-        == 3
+        == 4
     )
     leases = {ls.url: ls for ls in frontier.lease("w", 10, T0, 30, FAST)}
     assert leases[f"{H}/plain"].request is None
     assert leases[f"{H}/item/1"].request == ITEM
     assert leases[post].request == SEARCH
+    assert leases[f"{H}/js"].request == RENDERED and not ITEM.render
     assert leases[post].fetch_url == f"{H}/search"
     assert leases[post].request.header_pairs() == [
         ("Content-Type", "application/x-www-form-urlencoded")

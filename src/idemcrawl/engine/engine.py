@@ -170,17 +170,21 @@ class Engine:
         if self._progress is not None:
             self._progress(message)
 
-    async def _open_renderer(self, resources: contextlib.AsyncExitStack) -> Renderer | None:
-        """Headless Chromium for ``--render``, started first: a missing browser or Playwright
-        stops the crawl with one line (RenderError) before anything is written."""
-        if not self.cfg.render:
-            return None
+    async def _open_renderer(self, resources: contextlib.AsyncExitStack) -> tuple[Renderer, bool]:
+        """Headless Chromium, and whether every page goes through it (``--render`` or the
+        spider's ``render``): then it starts first, so a missing browser or Playwright stops
+        the crawl with one line (RenderError) before anything is written. Otherwise it starts
+        on the first ``Request(render=True)``, if any."""
+        cfg = self.cfg
+        every_page = cfg.render or bool(load_spider(spider_spec(cfg.spider)).render)
         settings = RenderSettings(
-            timeout=self.cfg.render_timeout,
-            contexts=self.cfg.render_contexts,
-            user_agent=self.cfg.user_agent,
+            timeout=cfg.render_timeout, contexts=cfg.render_contexts, user_agent=cfg.user_agent
         )
-        return await resources.enter_async_context(Renderer(settings))
+        renderer = Renderer(settings)
+        resources.push_async_callback(renderer.close)
+        if every_page:
+            await renderer.start()
+        return renderer, every_page
 
     async def _robots_rules(
         self, call: Call, frontier: Frontier, host_key: str
@@ -196,7 +200,7 @@ class Engine:
 
     async def _crawl(self, resources: contextlib.AsyncExitStack, t0: float) -> None:
         cfg, clock, summary = self.cfg, self.clock, self.summary
-        renderer = await self._open_renderer(resources)
+        renderer, render_all = await self._open_renderer(resources)
         call = await self._open_frontier(resources)
         frontier = self.frontier
         slot = owners.acquire(cfg.db)
@@ -265,6 +269,7 @@ class Engine:
             clock=clock,
             summary=summary,
             renderer=renderer,
+            render_all=render_all,
             robots_for=partial(self._robots_rules, call, frontier),
             cookies=jar,
         )

@@ -43,7 +43,7 @@ from ..frontier.base import (
     RobotsFetch,
 )
 from ..parse import ParseJob, ParseResult
-from ..render import Renderer, RenderResult
+from ..render import Renderer, RenderError, RenderResult
 from .archiver import Archived, ArchiveFailed, Archiver
 from .clock import Clock
 from .gate import LinkGate
@@ -132,11 +132,15 @@ class Pipeline:
         summary: CrawlSummary,
         rng: random.Random | None = None,
         renderer: Renderer | None = None,
+        render_all: bool = False,
         robots_for: Callable[[str], Awaitable[Callable[[str], bool]]] | None = None,
         cookies: CookieJar | None = None,
     ) -> None:
         self.cfg = cfg
         self.renderer = renderer
+        #: Every HTML page is rendered (``--render``, the spider's ``render``); otherwise only
+        #: those whose request asks for it.
+        self.render_all = render_all
         #: A host's robots.txt rules as "may this URL be fetched?" (rendering pages' requests).
         self.robots_for = robots_for
         self._delays = {host: delay for host, delay, _ in cfg.host_overrides if delay is not None}
@@ -212,7 +216,11 @@ class Pipeline:
             return None  # the crawl is stopping; the lease returns and a restart refetches
 
     async def _page(self, lease: Lease, res: FetchResult) -> Outcome:
-        rendered = await self._render(lease, res)
+        try:
+            rendered = await self._render(lease, res)
+        except RenderError as exc:  # no browser for this request: fixable, so not retried
+            self.summary.count_error("render")
+            return Failure(lease, f"render: {exc}", retry_at=None, status=res.status)
         body = res.body if rendered is None else rendered.html.encode("utf-8")
         headers = res.headers
         if rendered is not None:  # the DOM is UTF-8 text now, whatever the page declared
@@ -280,8 +288,12 @@ class Pipeline:
         )
 
     async def _render(self, lease: Lease, res: FetchResult) -> RenderResult | None:
-        """The page's DOM after its scripts ran, when rendering is on and the page is HTML."""
-        if self.renderer is None or lease.kind != PAGE or not 200 <= res.status < 300:
+        """The page's DOM after its scripts ran, when rendering is asked for and the page is
+        HTML."""
+        wanted = self.render_all or (lease.request is not None and lease.request.render)
+        if self.renderer is None or not wanted or lease.kind != PAGE:
+            return None
+        if not 200 <= res.status < 300:
             return None
         ctype = res.headers.get("content-type", "text/html").split(";", 1)[0].strip().lower()
         if ctype not in ("text/html", "application/xhtml+xml") or res.cut_reason:

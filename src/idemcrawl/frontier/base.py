@@ -168,6 +168,8 @@ class RequestSpec:
     data: str | None = None
     headers: str | None = None
     body: bytes | None = None
+    #: Run the response in headless Chromium before parsing (``render.py``).
+    render: bool = False
 
     def header_pairs(self) -> list[tuple[str, str]]:
         """The extra request headers, in the order the spider gave them."""

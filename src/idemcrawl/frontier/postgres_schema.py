@@ -227,7 +227,8 @@ CREATE TABLE requests (
     callback TEXT,
     data     TEXT,
     headers  TEXT,
-    body     BYTEA
+    body     BYTEA,
+    render   INTEGER NOT NULL DEFAULT 0
 )""",
         """
 CREATE TABLE cookies (

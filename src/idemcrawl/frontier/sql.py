@@ -292,21 +292,26 @@ class SQLStore:
 
     def insert_requests(self, rows: Sequence[tuple[str, RequestSpec]]) -> None:
         self._xm(
-            "INSERT INTO requests(url_id, method, callback, data, headers, body) "
-            "SELECT url_id, ?, ?, ?, ?, ? FROM urls WHERE url = ? ON CONFLICT DO NOTHING",
-            [(r.method, r.callback, r.data, r.headers, r.body, key) for key, r in rows],
+            "INSERT INTO requests(url_id, method, callback, data, headers, body, render) "
+            "SELECT url_id, ?, ?, ?, ?, ?, ? FROM urls WHERE url = ? ON CONFLICT DO NOTHING",
+            [
+                (r.method, r.callback, r.data, r.headers, r.body, int(r.render), key)
+                for key, r in rows
+            ],
         )
 
     def requests_of(self, url_ids: Sequence[int]) -> dict[int, RequestSpec]:
         out: dict[int, RequestSpec] = {}
         query = (
-            "SELECT url_id, method, callback, data, headers, body FROM requests "
+            "SELECT url_id, method, callback, data, headers, body, render FROM requests "
             "WHERE url_id {in}"
         )
         for cur in self._in(query, list(url_ids)):
-            for url_id, method, callback, data, headers, body in cur.fetchall():
+            for url_id, method, callback, data, headers, body, render in cur.fetchall():
                 body = None if body is None else bytes(body)
-                out[int(url_id)] = RequestSpec(method, callback, data, headers, body)
+                out[int(url_id)] = RequestSpec(
+                    method, callback, data, headers, body, bool(render)
+                )
         return out
 
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:

@@ -208,7 +208,8 @@ CREATE TABLE requests (
     callback TEXT,                  -- the spider method's name; NULL: parse
     data     TEXT,                  -- the context a callback gets as page.data (JSON)
     headers  TEXT,                  -- extra request headers, JSON [[name, value], ...]
-    body     BLOB                   -- request body
+    body     BLOB,                  -- request body
+    render   INTEGER NOT NULL DEFAULT 0  -- 1: rendered in headless Chromium before parsing
 );
 -- The crawl's cookie jar (spiders with keep_cookies; idemcrawl/cookies.py), shared by every
 -- process and written with the completion of the response that set each cookie (I12).

@@ -13,8 +13,8 @@
   cookie and redirects to ``/members``, which lists members-only items and answers 403
   without a valid session.
 * ``/api/items?offset=N`` — a JSON "load more" API: ``{"items": [...], "next": offset|null}``.
-* ``/js`` — a page whose items exist only after its script runs (an empty list in the HTML,
-  the items in a script that builds them).
+* ``/js`` — a page whose items exist only after its script runs: the HTML has an empty list,
+  the script fills it from the JSON API (``examples/js.py`` renders it).
 
 Everything a verifier needs is computable without the server (:func:`expected_items`,
 :func:`expected_search`, :func:`expected_members`, :func:`expected_api`), and the server logs
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import html
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -113,7 +112,9 @@ def expected_api(cfg: SandboxConfig) -> dict[str, dict[str, Any]]:
 
 
 def expected_js(cfg: SandboxConfig) -> dict[str, dict[str, Any]]:
-    return {f"js-{i}": {"title": f"Rendered item {i}"} for i in range(1, 4)}
+    """What the JavaScript page shows once its script ran: the API's first page of items."""
+    last = min(cfg.api_page, cfg.api_items)
+    return {f"js-{i}": {"title": f"API item {i}"} for i in range(1, last + 1)}
 
 
 @dataclass
@@ -308,13 +309,13 @@ def make_app(cfg: SandboxConfig, state: SandboxState | None = None) -> web.Appli
         return web.json_response({"items": items, "next": nxt})
 
     async def js(_: web.Request) -> web.Response:
+        # The list is empty in the HTML: the script asks the JSON API for the items.
         script = (
-            "<script>const data = "
-            + json.dumps([f"Rendered item {i}" for i in range(1, 4)])
-            + ";const ul = document.getElementById('items');"
-            "data.forEach((t, i) => { const li = document.createElement('li');"
-            "li.className = 'item'; li.dataset.id = i + 1; li.textContent = t;"
-            " ul.appendChild(li); });</script>"
+            "<script>fetch('/api/items?offset=0').then(r => r.json()).then(batch => {"
+            "const ul = document.getElementById('items');"
+            "batch.items.forEach(it => { const li = document.createElement('li');"
+            "li.className = 'item'; li.dataset.id = it.id; li.textContent = it.name;"
+            " ul.appendChild(li); }); });</script>"
         )
         return _page("Rendered list", "<ul id='items'></ul>" + script)
 
