@@ -16,7 +16,7 @@ from .test_sandbox_crawl import crawl_cmd, records
 
 @pytest.mark.slow
 def test_scrapy_spider_and_its_port_agree(tmp_path: Path) -> None:
-    pytest.importorskip("scrapy", reason="Scrapy is in the bench extra")
+    pytest.importorskip("scrapy", reason="Scrapy is in the test extra")
     out = tmp_path / "items.json"
     with SandboxServer() as server:
         scrapy = run(
