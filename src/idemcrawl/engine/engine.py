@@ -17,8 +17,6 @@ from ..cookies import CookieJar
 from ..fetch import Fetcher, FetchSettings
 from ..frontier import Frontier, open_frontier
 from ..parse import load_spider
-from ..render import Renderer, RenderSettings
-from ..robots import state_from_row
 from ..waiting import work_left
 from ..warc import WarcStore
 from .archiver import Archiver
@@ -29,6 +27,7 @@ from .feeder import Feeder, FeederCore
 from .gate import LinkGate
 from .parsing import ParseClient, spider_spec
 from .pipeline import PageFetcher, Pipeline
+from .rendering import open_renderer, robots_rules
 from .reporter import Reporter
 from .startup import reclaim_dead_owners, reconcile
 from .summary import CrawlSummary
@@ -170,37 +169,9 @@ class Engine:
         if self._progress is not None:
             self._progress(message)
 
-    async def _open_renderer(self, resources: contextlib.AsyncExitStack) -> tuple[Renderer, bool]:
-        """Headless Chromium, and whether every page goes through it (``--render`` or the
-        spider's ``render``): then it starts first, so a missing browser or Playwright stops
-        the crawl with one line (RenderError) before anything is written. Otherwise it starts
-        on the first ``Request(render=True)``, if any."""
-        cfg = self.cfg
-        every_page = cfg.render or bool(load_spider(spider_spec(cfg.spider)).render)
-        settings = RenderSettings(
-            timeout=cfg.render_timeout, contexts=cfg.render_contexts, user_agent=cfg.user_agent
-        )
-        renderer = Renderer(settings)
-        resources.push_async_callback(renderer.close)
-        if every_page:
-            await renderer.start()
-        return renderer, every_page
-
-    async def _robots_rules(
-        self, call: Call, frontier: Frontier, host_key: str
-    ) -> Callable[[str], bool]:
-        """The host's robots.txt as a predicate, read from the frontier (a rendering page's
-        own requests obey it as the crawl's do)."""
-        cache = self.policy.robots
-        if cache is None:
-            return lambda _url: True
-        row = await call(frontier.host_row, host_key)
-        state = state_from_row(row) if row else None
-        return lambda url: cache.allowed(host_key, state, url)
-
     async def _crawl(self, resources: contextlib.AsyncExitStack, t0: float) -> None:
         cfg, clock, summary = self.cfg, self.clock, self.summary
-        renderer, render_all = await self._open_renderer(resources)
+        renderer, render_all = await open_renderer(cfg, resources)
         call = await self._open_frontier(resources)
         frontier = self.frontier
         slot = owners.acquire(cfg.db)
@@ -270,7 +241,7 @@ class Engine:
             summary=summary,
             renderer=renderer,
             render_all=render_all,
-            robots_for=partial(self._robots_rules, call, frontier),
+            robots_for=partial(robots_rules, self.policy, call, frontier),
             cookies=jar,
         )
         committer = Committer(
