@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from idemcrawl.fleet.frontier import PartitionedFrontier
-from idemcrawl.fleet.partition_map import PartitionMap, init_map, make_map
+from idemcrawl.fleet.frontier import PartitionedFrontier, init_map
+from idemcrawl.fleet.partition_map import PartitionMap, make_map
 from idemcrawl.lab.pgserver import PgServer, find_bin_dir
 
 from ..frontier.conftest import in_ci

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from idemcrawl.fleet.frontier import PartitionedFrontier
+from idemcrawl.fleet.frontier import PartitionedFrontier, init_map
 from idemcrawl.fleet.membership import fair_share
-from idemcrawl.fleet.partition_map import PartitionMap, init_map, load_map, local_id, make_map
+from idemcrawl.fleet.partition_map import PartitionMap, load_map, local_id, make_map
 from idemcrawl.frontier.base import (
     Completion,
     Failure,

@@ -169,7 +169,11 @@ class Engine:
         cfg, clock, summary = self.cfg, self.clock, self.summary
         call = await self._open_frontier(resources)
         frontier = self.frontier
-        slot = owners.acquire(cfg.db)
+        # The crawl's identity for owner slots: its db string, or for a partitioned crawl the
+        # map's own name, so processes given different server URLs of one crawl still get
+        # distinct owner ids (and WARC prefixes) on one machine.
+        identity = getattr(frontier, "crawl_identity", cfg.db)
+        slot = owners.acquire(identity)
         resources.callback(slot.close)
         owner = slot.owner
         store, write = self._open_archive(resources, owner)
@@ -197,7 +201,7 @@ class Engine:
             max_pages=cfg.max_pages,
             horizon=cfg.horizon or None,
             recrawl=cfg.recrawl,
-            reclaim=partial(reclaim_dead_owners, frontier, cfg.db, owner),
+            reclaim=partial(reclaim_dead_owners, frontier, identity, owner),
         )
         feeder = self._feeder = Feeder(
             core,

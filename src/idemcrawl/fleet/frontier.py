@@ -55,7 +55,15 @@ from ..frontier.base import (
 from ..url import host_key as url_host_key
 from .membership import OWNERSHIP_TTL, TICK_EVERY, Membership, MembersTable
 from .partition import LINK, RECORD, PartitionFrontier, url_from_payload
-from .partition_map import PartitionMap, global_id, load_map, local_id
+from .partition_map import (
+    MAP_TABLES,
+    PartitionMap,
+    ServerUnreachable,
+    connect,
+    global_id,
+    load_map,
+    local_id,
+)
 
 T = TypeVar("T")
 
@@ -66,7 +74,7 @@ PARTITION_RETRY_SECONDS = 5.0
 #: Home of crawl-wide state (meta, seeds, cursors).
 HOME = 0
 
-__all__ = ["PartitionedFrontier", "open_partitioned"]
+__all__ = ["PartitionedFrontier", "init_map", "open_partitioned"]
 
 
 def _min(values: Iterable[float | None]) -> float | None:
@@ -104,6 +112,9 @@ class PartitionedFrontier:
             self.close()
             raise
         self.members_table = MembersTable(pmap.servers[0], pmap.crawl)
+        #: What owner slots (``owner.py``) are keyed by: the same for every server URL of this
+        #: crawl, so two processes of one machine never share an owner id or WARC prefix.
+        self.crawl_identity = f"fleet:{pmap.crawl}@{pmap.servers[0]}"
         self._members: dict[str, Membership] = {}
         self._rotate = 0
 
@@ -557,5 +568,56 @@ class PartitionedFrontier:
 
 def open_partitioned(dsn: str, schema: str | None, **kw: Any) -> PartitionedFrontier | None:
     """The partitioned crawl whose map is in ``schema`` at ``dsn``; None for an ordinary one."""
-    pmap = load_map(dsn, schema or "idemcrawl")
+    try:
+        pmap = load_map(dsn, schema or "idemcrawl")
+    except ServerUnreachable:
+        return None  # unreachable: the ordinary frontier reports it as it always has
     return None if pmap is None else PartitionedFrontier(pmap, **kw)
+
+
+def init_map(pmap: PartitionMap) -> None:
+    """Create the crawl: every partition's schema (a migrated frontier plus its fleet tables)
+    and the map on every server. Running it again with the same map is a no-op; with a
+    different map for an existing crawl it refuses (moving partitions is not done here)."""
+    for dsn in pmap.servers:
+        existing = load_map(dsn, pmap.crawl)
+        if existing is not None and existing != pmap:
+            raise FrontierError(
+                f"{dsn} already holds crawl {pmap.crawl} with a different partition map "
+                f"({existing.partitions} partitions over {len(existing.servers)} servers)"
+            )
+    for p in range(pmap.partitions):
+        PartitionFrontier(pmap.server(p), p, schema=pmap.schema(p), create=True).close()
+    for dsn in pmap.servers:
+        with connect(dsn) as conn:
+            s = f'"{pmap.crawl}"'
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+            for ddl in MAP_TABLES:
+                conn.execute(ddl.format(s=s))
+            conn.execute(
+                f"INSERT INTO {s}.fleet_map (key, value) VALUES ('map', %s) "
+                "ON CONFLICT (key) DO NOTHING",
+                (pmap.to_json(),),
+            )
+
+
+def init_crawl(dbs: Sequence[str], partitions: int) -> PartitionMap:
+    """``idemcrawl db init``: make the partitioned crawl named by the DSNs' ``schema=`` (all
+    the same, default ``idemcrawl``) over their servers, and return its map."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    servers: list[str] = []
+    names: set[str] = set()
+    for db in dbs:
+        if not db.startswith(("postgresql://", "postgres://")):
+            raise FrontierError(f"a partitioned crawl lives on PostgreSQL servers, not {db!r}")
+        parts = urlsplit(db)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        names.add(next((v for k, v in query if k == "schema"), "idemcrawl"))
+        rest = urlencode([(k, v) for k, v in query if k != "schema"])
+        servers.append(urlunsplit(parts._replace(query=rest)))
+    if len(names) > 1:
+        raise FrontierError(f"the --db URLs name different crawls (schemas {sorted(names)})")
+    pmap = PartitionMap(names.pop() if names else "idemcrawl", partitions, tuple(servers))
+    init_map(pmap)
+    return pmap

@@ -65,6 +65,10 @@ def local_id(gid: int) -> tuple[int, int]:
     return gid >> LOCAL_ID_BITS, gid & LOCAL_ID_MASK
 
 
+class ServerUnreachable(FrontierError):
+    """A server of the crawl did not accept a connection."""
+
+
 def _check_schema_name(name: str) -> None:
     if not name or len(name.encode()) > 58 or not all(c.isalnum() or c == "_" for c in name):
         raise FrontierError(
@@ -130,18 +134,25 @@ class PartitionMap:
             raise FrontierError(f"unreadable partition map: {exc}") from exc
 
 
-def _connect(dsn: str) -> Any:
+def connect(dsn: str) -> Any:
+    """An autocommit connection for the map's own statements (errors name no password)."""
     import psycopg
+    from psycopg.conninfo import conninfo_to_dict
 
     try:
         return psycopg.connect(dsn, connect_timeout=10, autocommit=True)
     except psycopg.Error as exc:
-        raise FrontierError(f"cannot connect to {dsn}: {exc}") from exc
+        try:
+            params = conninfo_to_dict(dsn)
+            where = f"{params.get('host', 'localhost')}:{params.get('port', 5432)}"
+        except psycopg.Error:
+            where = "the given address"
+        raise ServerUnreachable(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
 
 
 def load_map(dsn: str, schema: str) -> PartitionMap | None:
     """The map stored in ``schema`` on the server of ``dsn``; None for an ordinary crawl."""
-    with _connect(dsn) as conn:
+    with connect(dsn) as conn:
         found = conn.execute("SELECT to_regclass(%s)", (f'"{schema}".fleet_map',)).fetchone()
         if found is None or found[0] is None:
             return None
@@ -155,7 +166,7 @@ def load_map(dsn: str, schema: str) -> PartitionMap | None:
 
 #: Tables of the crawl's own schema (every server): the map; on the first server also the
 #: members' heartbeats (``membership.py``).
-_MAP_TABLES = (
+MAP_TABLES = (
     "CREATE TABLE IF NOT EXISTS {s}.fleet_map (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS {s}.fleet_members (member TEXT PRIMARY KEY, "
     "joined_at DOUBLE PRECISION NOT NULL, heartbeat_at DOUBLE PRECISION NOT NULL, "
@@ -170,34 +181,6 @@ PARTITION_TABLES = (
     "expires_at DOUBLE PRECISION NOT NULL, released_at DOUBLE PRECISION, "
     "PRIMARY KEY (partition, epoch))",
 )
-
-
-def init_map(pmap: PartitionMap) -> None:
-    """Create the crawl: every partition's schema (a migrated frontier plus its fleet tables)
-    and the map on every server. Running it again with the same map is a no-op; with a
-    different map for an existing crawl it refuses (moving partitions is not done here)."""
-    from .partition import PartitionFrontier
-
-    for dsn in pmap.servers:
-        existing = load_map(dsn, pmap.crawl)
-        if existing is not None and existing != pmap:
-            raise FrontierError(
-                f"{dsn} already holds crawl {pmap.crawl} with a different partition map "
-                f"({existing.partitions} partitions over {len(existing.servers)} servers)"
-            )
-    for p in range(pmap.partitions):
-        PartitionFrontier(pmap.server(p), p, schema=pmap.schema(p), create=True).close()
-    for dsn in pmap.servers:
-        with _connect(dsn) as conn:
-            s = f'"{pmap.crawl}"'
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-            for ddl in _MAP_TABLES:
-                conn.execute(ddl.format(s=s))
-            conn.execute(
-                f"INSERT INTO {s}.fleet_map (key, value) VALUES ('map', %s) "
-                "ON CONFLICT (key) DO NOTHING",
-                (pmap.to_json(),),
-            )
 
 
 def make_map(crawl: str, partitions: int, servers: Sequence[str]) -> PartitionMap:
