@@ -2,7 +2,7 @@
 given a different server URL of the crawl, one SIGKILLed and restarted. Politeness holds,
 every page is fetched once (but those in flight at the kill), one correct record per page,
 one event per completed URL version, ownership terms never overlap, and the whole crawl reads
-through ``status``, ``export`` and ``reparse`` given any one server URL."""
+through ``status``, ``export``, ``events`` and ``reparse`` given any one server URL."""
 
 from __future__ import annotations
 
@@ -117,6 +117,10 @@ def test_crawl_processes_share_a_partitioned_crawl(
     status = run_cli("status", "--db", dbs[2], "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["records"] == len(expected)
+    events = run_cli("events", "--db", dbs[1])
+    assert events.returncode == 0, events.stderr
+    keys = [json.loads(line)["key"] for line in events.stdout.splitlines()]
+    assert len(keys) == len(set(keys)) == len(expected)
     export = run_cli("export", "--db", dbs[0], "--format", "jsonl")
     assert export.returncode == 0, export.stderr
     assert len(export.stdout.splitlines()) == len(expected)

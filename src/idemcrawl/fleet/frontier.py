@@ -56,6 +56,8 @@ from ..url import host_key as url_host_key
 from .membership import OWNERSHIP_TTL, TICK_EVERY, Membership, MembersTable
 from .partition import LINK, RECORD, PartitionFrontier, url_from_payload
 from .partition_map import (
+    LOCAL_ID_BITS,
+    LOCAL_ID_MASK,
     MAP_TABLES,
     PartitionMap,
     ServerUnreachable,
@@ -75,6 +77,22 @@ PARTITION_RETRY_SECONDS = 5.0
 HOME = 0
 
 __all__ = ["PartitionedFrontier", "init_map", "open_partitioned"]
+
+
+def pack_cursor(vector: Sequence[int]) -> int:
+    """Per-partition event ids as one integer: partition p's id in bits [40p, 40p + 40)."""
+    out = 0
+    for p, eid in enumerate(vector):
+        if not 0 <= eid <= LOCAL_ID_MASK:
+            raise FrontierError(f"event id {eid} of partition {p} does not fit a cursor")
+        out |= eid << (LOCAL_ID_BITS * p)
+    return out
+
+
+def unpack_cursor(cursor: int, partitions: int) -> list[int]:
+    if cursor < 0 or cursor >> (LOCAL_ID_BITS * partitions):
+        raise FrontierError(f"{cursor} is not an event cursor of this {partitions}-partition crawl")
+    return [(cursor >> (LOCAL_ID_BITS * p)) & LOCAL_ID_MASK for p in range(partitions)]
 
 
 def _min(values: Iterable[float | None]) -> float | None:
@@ -486,17 +504,52 @@ class PartitionedFrontier:
             *self._all(lambda f: list(f.records())), key=lambda r: (r["source"], r["key"])
         )
 
+    # Events: each partition numbers its own events in commit order, so the crawl-wide cursor
+    # is the vector of per-partition event ids, packed into one (large) integer, 40 bits per
+    # partition (``pack_cursor``). It resumes exactly: every component only moves past events
+    # that were returned, and each partition's order never skips a late commit.
+
     def events_after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
-        raise FrontierError(
-            "a partitioned crawl has no single event order: read its events with "
-            "iter_events (a cursor over every partition is not implemented yet)"
-        )
+        """Up to ``limit`` events after the vector ``cursor``, oldest ``created_at`` first across
+        partitions; each row's ``event_id`` is the cursor just after it (pass the last one
+        back), ``partition`` and ``partition_event_id`` say where it is stored."""
+        if limit <= 0:
+            return []
+        vector = unpack_cursor(cursor, self.pmap.partitions)
+        per_part = [
+            [
+                (r["created_at"], p, r["event_id"], r)
+                for r in self.parts[p].events_after(vector[p], limit)
+            ]
+            for p in sorted(self.parts)
+        ]
+        # heapq.merge only compares the heads, so each partition's events keep their id order
+        # even where their created_at is not monotonic: no component ever jumps past an event.
+        heads = list(itertools.islice(heapq.merge(*per_part, key=lambda h: (h[0], h[1])), limit))
+        out: list[dict[str, Any]] = []
+        for _, p, eid, r in heads:
+            vector[p] = max(vector[p], eid)
+            out.append(
+                {
+                    **r,
+                    "event_id": pack_cursor(vector),
+                    "url_id": global_id(p, r["url_id"]),
+                    "partition": p,
+                    "partition_event_id": eid,
+                }
+            )
+        return out
 
     def get_cursor(self, consumer: str) -> int:
-        return self.parts[HOME].get_cursor(consumer)
+        return pack_cursor([self.parts[p].get_cursor(consumer) for p in sorted(self.parts)])
 
     def set_cursor(self, consumer: str, cursor: int) -> None:
-        self.parts[HOME].set_cursor(consumer, cursor)
+        """Each partition keeps the maximum of its component, so a late or repeated
+        acknowledgement rewinds nothing (as on one database)."""
+        vector = unpack_cursor(cursor, self.pmap.partitions)
+        for p in sorted(self.parts):
+            if vector[p]:
+                self.parts[p].set_cursor(consumer, vector[p])
 
     def iter_urls(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
         for p in sorted(self.parts):
