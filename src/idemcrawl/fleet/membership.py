@@ -30,10 +30,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..frontier.base import Fence, FrontierError, PartitionBusy, StaleEpoch
-from .partition import PartitionFrontier
 from .partition_map import PartitionMap, stable_hash
 
 #: Defaults: ownership and heartbeat TTL, and how often a member ticks.
@@ -45,6 +44,33 @@ TICK_EVERY = 2.0
 class Owned:
     fence: Fence
     acquired_at: float
+
+
+class OwnedPartition(Protocol):
+    """What membership needs of a partition: the contract's ownership lease (``Fleet``) plus
+    the ownership log (``partition.PartitionFrontier``; the simulator keeps both in memory)."""
+
+    partition: int
+
+    def acquire_partition(self, partition: int, owner: str, now: float, ttl: float) -> Fence: ...
+
+    def renew_partition(self, fence: Fence, owner: str, now: float, ttl: float) -> None: ...
+
+    def owner_row(self) -> tuple[str | None, int, float] | None: ...
+
+    def log_ownership(
+        self, owner: str, epoch: int, acquired_at: float, expires_at: float
+    ) -> None: ...
+
+    def log_release(self, epoch: int, released_at: float) -> None: ...
+
+
+class Members(Protocol):
+    """Where members heartbeat (``MembersTable`` on a server; the simulator's in memory)."""
+
+    def heartbeat(self, member: str, now: float, ttl: float) -> list[str]: ...
+
+    def leave(self, member: str, now: float) -> None: ...
 
 
 class MembersTable:
@@ -110,8 +136,8 @@ class Membership:
         self,
         member: str,
         pmap: PartitionMap,
-        parts: Mapping[int, PartitionFrontier],
-        members: MembersTable,
+        parts: Mapping[int, OwnedPartition],
+        members: Members,
         *,
         ttl: float = OWNERSHIP_TTL,
         tick_every: float = TICK_EVERY,
@@ -174,7 +200,7 @@ class Membership:
                 continue  # server away: the fence check at the next grant decides
             self._log(part, o, now + self.ttl)
 
-    def _log(self, part: PartitionFrontier, o: Owned, expires_at: float) -> None:
+    def _log(self, part: OwnedPartition, o: Owned, expires_at: float) -> None:
         try:
             part.log_ownership(self.member, o.fence.epoch, o.acquired_at, expires_at)
         except FrontierError as exc:

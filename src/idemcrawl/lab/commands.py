@@ -160,7 +160,8 @@ def add_parsers(sub: Any) -> None:
 
     sub.add_parser(
         "sim",
-        help="deterministic virtual-clock simulation of the scheduler (see: idemcrawl sim --help)",
+        help="deterministic virtual-clock simulation of the scheduler (see: idemcrawl sim "
+        "--help); 'sim --fleet' simulates members owning partitions",
         add_help=False,
     )
 
@@ -171,6 +172,14 @@ def run_own_parser(argv: Sequence[str]) -> int | None:
         from idemcrawl.lab.bench.crawl import main as bench_crawl_main
 
         return bench_crawl_main(argv[2:])
+    if list(argv[:2]) == ["sim", "--fleet"]:
+        from idemcrawl.lab.fleet_sim import main as fleet_sim_main
+
+        try:
+            return fleet_sim_main(argv[2:])
+        except ValueError as exc:
+            print(f"idemcrawl sim --fleet: error: {exc}", file=sys.stderr)
+            return 2
     if list(argv[:1]) == ["sim"]:
         from idemcrawl.frontier import FrontierError
         from idemcrawl.lab.sim import main as sim_main
