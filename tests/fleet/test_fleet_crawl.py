@@ -2,7 +2,8 @@
 given a different server URL of the crawl, one SIGKILLed and restarted. Politeness holds,
 every page is fetched once (but those in flight at the kill), one correct record per page,
 one event per completed URL version, ownership terms never overlap, and the whole crawl reads
-through ``status``, ``export``, ``events`` and ``reparse`` given any one server URL."""
+through ``status``, ``export``, ``events``, ``reparse``, ``control``, the dashboard and
+the metrics given any one server URL."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from idemcrawl.fleet.frontier import PartitionedFrontier, init_crawl
 from idemcrawl.frontier import open_frontier
 from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
+from idemcrawl.metrics import read_frontier
+from idemcrawl.serve import read_dashboard
 
 from ..helpers import DEVNULL, run_cli, spawn_cli
 from .test_partitioned import check_ownership_log
@@ -121,6 +124,19 @@ def test_crawl_processes_share_a_partitioned_crawl(
     assert events.returncode == 0, events.stderr
     keys = [json.loads(line)["key"] for line in events.stdout.splitlines()]
     assert len(keys) == len(set(keys)) == len(expected)
+    dash = read_dashboard(dbs[2])  # serve's page and metrics read the whole crawl too
+    assert dash["status"]["records"] == len(expected)
+    f = open_frontier(dbs[0], create=False)
+    try:
+        view = read_frontier(f)
+        assert view.audit["violations"] == 0 and view.audit["grants"] >= len(expected)
+        assert view.histogram is not None and view.histogram["counts"][-1] == view.audit["grants"]
+    finally:
+        f.close()
+    paused = run_cli("control", "--db", dbs[1], "pause")
+    assert paused.returncode == 0, paused.stderr
+    resumed = run_cli("control", "--db", dbs[2], "resume")
+    assert resumed.returncode == 0, resumed.stderr
     export = run_cli("export", "--db", dbs[0], "--format", "jsonl")
     assert export.returncode == 0, export.stderr
     assert len(export.stdout.splitlines()) == len(expected)
