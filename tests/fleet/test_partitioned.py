@@ -294,3 +294,36 @@ def test_the_event_cursor_covers_every_partition_and_resumes_exactly(
     assert unpack_cursor(pack_cursor([1, 0, 7, 3]), 4) == [1, 0, 7, 3]
     with pytest.raises(FrontierError, match="not an event cursor"):
         unpack_cursor(pack_cursor([1, 2, 3, 4, 5]), 4)
+
+
+def test_a_server_outage_stalls_only_its_partitions(
+    new_crawl: NewCrawl, fleet_servers: list[Any]
+) -> None:
+    import time
+
+    pmap, f = new_crawl(partitions=6, ttl=30.0, tick_every=1.0)
+    by_p = hosts_in(pmap, 2)
+    f.add([NewURL(f"{h}/{i}", h) for p in by_p for h in by_p[p] for i in range(4)], 0.0)
+    one = HostPolicy(max_in_flight=1, delay=0.0)
+    first = f.lease("m1", 100, 1.0, 60, one)
+    assert {local_id(x.url_id)[0] for x in first} == set(range(6))
+    down = fleet_servers[2]
+    lost = {p for p in range(6) if pmap.server(p) == down.dsn}
+    down.pause()
+    try:
+        t = time.monotonic()
+        mine = [x for x in first if local_id(x.url_id)[0] not in lost]
+        assert f.complete([Completion(x, 200, 2.0) for x in mine], 2.0, one) == [True] * len(mine)
+        more = f.lease("m1", 100, 3.0, 60, one)  # ticks (renewals fail for 2 partitions) ...
+        prog = f.progress(3.0)
+        assert time.monotonic() - t < 10.0  # ... in seconds, not a minute of retries
+        assert more and {local_id(x.url_id)[0] for x in more} <= set(range(6)) - lost
+        assert not prog.finished
+        assert len(f.membership("m1").owned) == 6  # nothing given up for an outage
+    finally:
+        down.resume()
+    time.sleep(2.5)  # past DOWN_FOR: the server is tried again
+    back = [x for x in first if local_id(x.url_id)[0] in lost]
+    assert f.complete([Completion(x, 200, 5.0) for x in back], 5.0, one) == [True] * len(back)
+    again = f.lease("m1", 100, 6.0, 60, one)
+    assert {local_id(x.url_id)[0] for x in again} & lost  # its partitions are back

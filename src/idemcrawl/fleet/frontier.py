@@ -33,10 +33,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
+
+import psycopg
 
 from ..frontier.base import (
     Completion,
@@ -71,8 +74,14 @@ T = TypeVar("T")
 
 #: Outbox rows forwarded per partition per forward call.
 FORWARD_BATCH = 500
-#: How long a partition call may keep retrying a lost server before the fleet moves on.
-PARTITION_RETRY_SECONDS = 5.0
+#: How long a partition call may keep retrying a lost server. Writes that must not be lost
+#: (completions, failures, adds) wait this long, as on one database ...
+PARTITION_RETRY_SECONDS = 60.0
+#: ... but what can wait for the next round (leasing, ownership, forwarding, progress) gives up
+#: after this, and the server is then skipped for ``DOWN_FOR`` seconds, so one server's outage
+#: never stalls a member's other partitions past their ownership TTL.
+QUICK_RETRY_SECONDS = 1.0
+DOWN_FOR = 2.0
 #: Home of crawl-wide state (meta, seeds, cursors).
 HOME = 0
 
@@ -97,6 +106,58 @@ def unpack_cursor(cursor: int, partitions: int) -> list[int]:
 
 def _min(values: Iterable[float | None]) -> float | None:
     return min((v for v in values if v is not None), default=None)
+
+
+class ServerDown(FrontierError):
+    """A partition's server did not answer recently; the call was not tried."""
+
+
+class Quick:
+    """Calls that may be skipped when a partition's server is away: a short retry, then the
+    server is marked down for ``DOWN_FOR`` seconds (monotonic: this is about the network, not
+    the crawl's clock) and later quick calls to it fail at once with :class:`ServerDown`."""
+
+    def __init__(self, retry: float = QUICK_RETRY_SECONDS) -> None:
+        self.retry = retry
+        self.down_until: dict[str, float] = {}
+
+    def __call__(self, part: PartitionFrontier, fn: Callable[[], T]) -> T:
+        until = self.down_until.get(part.dsn, 0.0)
+        if time.monotonic() < until:
+            raise ServerDown(f"partition {part.partition}: its server is away; later")
+        saved, part.retry_seconds = part.retry_seconds, self.retry
+        try:
+            return fn()
+        except FrontierError as exc:
+            if isinstance(exc.__cause__, psycopg.OperationalError):
+                self.down_until[part.dsn] = time.monotonic() + DOWN_FOR
+            raise
+        finally:
+            part.retry_seconds = saved
+
+
+class QuickPartition:
+    """A partition as membership sees it (``membership.OwnedPartition``), through ``Quick``."""
+
+    def __init__(self, part: PartitionFrontier, quick: Quick) -> None:
+        self.part = part
+        self.partition = part.partition
+        self._q = quick
+
+    def acquire_partition(self, partition: int, owner: str, now: float, ttl: float) -> Fence:
+        return self._q(self.part, lambda: self.part.acquire_partition(partition, owner, now, ttl))
+
+    def renew_partition(self, fence: Fence, owner: str, now: float, ttl: float) -> None:
+        self._q(self.part, lambda: self.part.renew_partition(fence, owner, now, ttl))
+
+    def owner_row(self) -> tuple[str | None, int, float] | None:
+        return self._q(self.part, self.part.owner_row)
+
+    def log_ownership(self, owner: str, epoch: int, acquired_at: float, expires_at: float) -> None:
+        self._q(self.part, lambda: self.part.log_ownership(owner, epoch, acquired_at, expires_at))
+
+    def log_release(self, epoch: int, released_at: float) -> None:
+        self._q(self.part, lambda: self.part.log_release(epoch, released_at))
 
 
 class PartitionedFrontier:
@@ -129,6 +190,8 @@ class PartitionedFrontier:
         except BaseException:
             self.close()
             raise
+        self.quick = Quick()
+        self._owned_view = {p: QuickPartition(f, self.quick) for p, f in self.parts.items()}
         self.members_table = MembersTable(pmap.servers[0], pmap.crawl)
         #: What owner slots (``owner.py``) are keyed by: the same for every server URL of this
         #: crawl, so two processes of one machine never share an owner id or WARC prefix.
@@ -161,7 +224,7 @@ class PartitionedFrontier:
             m = Membership(
                 owner,
                 self.pmap,
-                self.parts,
+                self._owned_view,
                 self.members_table,
                 ttl=self.ttl,
                 tick_every=self.tick_every,
@@ -188,28 +251,39 @@ class PartitionedFrontier:
         delivery (a crash between delivering and deleting) a no-op."""
         delivered = 0
         for p in sorted(self.parts) if partitions is None else partitions:
-            source = self.parts[p]
-            rows = source.outbox_batch(batch)
-            if not rows:
-                continue
-            links: dict[int, list[NewURL]] = defaultdict(list)
-            records: dict[int, list[list[Any]]] = defaultdict(list)
-            for _, target, kind, payload in rows:
-                if kind == LINK:
-                    links[target].append(url_from_payload(payload))
-                elif kind == RECORD:
-                    records[target].append(json.loads(payload))
-                else:
-                    raise FrontierError(f"partition {p}: unknown outbox row kind {kind!r}")
-            for target, urls in links.items():
-                # due/discovered time of a forwarded link: when it was produced is unknown
-                # here; the forward time is when it enters its partition.
-                self._part(target).add(urls, self._forward_now())
-            for target, recs in records.items():
-                self._part(target).upsert_records(recs)
-            source.outbox_delete([r[0] for r in rows])
-            delivered += len(rows)
+            try:
+                delivered += self._forward_one(self.parts[p], batch)
+            except FrontierError as exc:  # a server away: the rows wait in the outbox
+                if self._say:
+                    self._say(f"forwarding partition {p} postponed: {exc}")
         return delivered
+
+    def _forward_one(self, source: PartitionFrontier, batch: int) -> int:
+        q = self.quick
+        rows = q(source, lambda: source.outbox_batch(batch))
+        if not rows:
+            return 0
+        links: dict[int, list[NewURL]] = defaultdict(list)
+        records: dict[int, list[list[Any]]] = defaultdict(list)
+        for _, target, kind, payload in rows:
+            if kind == LINK:
+                links[target].append(url_from_payload(payload))
+            elif kind == RECORD:
+                records[target].append(json.loads(payload))
+            else:
+                raise FrontierError(
+                    f"partition {source.partition}: unknown outbox row kind {kind!r}"
+                )
+        now = self._forward_now()
+        for target, urls in links.items():
+            part = self._part(target)
+            # When a forwarded link was produced is not known here: it enters its partition now.
+            q(part, lambda part=part, urls=urls: part.add(urls, now))
+        for target, recs in records.items():
+            part = self._part(target)
+            q(part, lambda part=part, recs=recs: part.upsert_records(recs))
+        q(source, lambda: source.outbox_delete([r[0] for r in rows]))
+        return len(rows)
 
     def _forward_now(self) -> float:
         """The clock of the last lease call (the crawl's clock, virtual in tests)."""
@@ -242,11 +316,7 @@ class PartitionedFrontier:
         m = self.membership(owner)
         if m.due(now):
             m.tick(now)
-            try:
-                self.forward(sorted(m.owned))
-            except FrontierError as exc:
-                if self._say:
-                    self._say(f"forwarding postponed: {exc}")
+            self.forward(sorted(m.owned))
         if limit <= 0 or not m.owned:
             return []
         owned = sorted(m.owned)
@@ -259,8 +329,12 @@ class PartitionedFrontier:
             f = m.fence(p)
             if f is None:
                 continue
+            part, n = self.parts[p], limit - len(out)
             try:
-                got = self.parts[p].lease(owner, limit - len(out), now, lease_seconds, policy, f)
+                got = self.quick(
+                    part,
+                    lambda: part.lease(owner, n, now, lease_seconds, policy, f),  # noqa: B023
+                )
             except StaleEpoch as exc:
                 m.drop(p, str(exc))
                 continue
@@ -305,11 +379,18 @@ class PartitionedFrontier:
     def progress(self, now: float, max_in_flight: int | None = None) -> Progress:
         """The whole crawl's progress; undelivered outbox rows count as queued work that is
         ready now (the next lease call forwards them)."""
-        ps = self._all(lambda f: f.progress(now, max_in_flight))
-        pending = sum(self._all(lambda f: f.outbox_count()))
-        soon = now + self.tick_every if pending else None
+        ps: list[Progress] = []
+        pending = unknown = 0
+        for p in sorted(self.parts):
+            part = self.parts[p]
+            try:
+                ps.append(self.quick(part, lambda part=part: part.progress(now, max_in_flight)))
+                pending += self.quick(part, part.outbox_count)
+            except FrontierError:
+                unknown += 1  # a server away: its partitions are not known to be finished
+        soon = now + self.tick_every if pending or unknown else None
         return Progress(
-            queued=sum(p.queued for p in ps) + pending,
+            queued=sum(p.queued for p in ps) + pending + unknown,
             leased=sum(p.leased for p in ps),
             next_due_at=_min([*(p.next_due_at for p in ps), soon]),
             next_lease_expiry=_min(p.next_lease_expiry for p in ps),

@@ -53,6 +53,8 @@ class PartitionFrontier(PostgresFrontier):
         retry_seconds: float = 60.0,
     ) -> None:
         self.partition = partition
+        #: The server (without schema), to tell which partitions share an outage.
+        self.dsn = dsn
         #: None only while ``init_map`` creates the schema (no routing then).
         self.partitions = partitions
         super().__init__(dsn, schema=schema, create=create, retry_seconds=retry_seconds)
