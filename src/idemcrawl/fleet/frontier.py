@@ -177,29 +177,46 @@ class PartitionedFrontier:
         self.tick_every = tick_every
         self._say = say
         self.parts: dict[int, PartitionFrontier] = {}
+        self._members: dict[str, Membership] = {}
+        self.members_table = MembersTable(pmap.servers[0], pmap.crawl)
         try:
+            deadline = time.monotonic() + retry_seconds
             for p in range(pmap.partitions):
-                self.parts[p] = PartitionFrontier(
-                    pmap.server(p),
-                    p,
-                    schema=pmap.schema(p),
-                    partitions=pmap.partitions,
-                    create=False,
-                    retry_seconds=retry_seconds,
-                )
+                self.parts[p] = self._open_partition(p, retry_seconds, deadline)
         except BaseException:
             self.close()
             raise
         self.quick = Quick()
         self._owned_view = {p: QuickPartition(f, self.quick) for p, f in self.parts.items()}
-        self.members_table = MembersTable(pmap.servers[0], pmap.crawl)
         #: What owner slots (``owner.py``) are keyed by: the same for every server URL of this
         #: crawl, so two processes of one machine never share an owner id or WARC prefix.
         self.crawl_identity = f"fleet:{pmap.crawl}@{pmap.servers[0]}"
-        self._members: dict[str, Membership] = {}
         self._rotate = 0
 
     # -- plumbing --------------------------------------------------------------------------------
+
+    def _open_partition(self, p: int, retry_seconds: float, deadline: float) -> PartitionFrontier:
+        """Open partition ``p``; a server that is away (restarting) is waited for until
+        ``deadline``, as a running member waits for it, instead of failing the start."""
+        pause = 0.2
+        while True:
+            try:
+                return PartitionFrontier(
+                    self.pmap.server(p),
+                    p,
+                    schema=self.pmap.schema(p),
+                    partitions=self.pmap.partitions,
+                    create=False,
+                    retry_seconds=retry_seconds,
+                )
+            except FrontierError as exc:
+                away = isinstance(exc.__cause__, psycopg.OperationalError)
+                if not away or time.monotonic() + pause > deadline:
+                    raise
+                if self._say:
+                    self._say(f"partition {p}: waiting for its server ({exc})")
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     def _part(self, partition: int) -> PartitionFrontier:
         part = self.parts.get(partition)
