@@ -327,3 +327,26 @@ def test_a_server_outage_stalls_only_its_partitions(
     assert f.complete([Completion(x, 200, 5.0) for x in back], 5.0, one) == [True] * len(back)
     again = f.lease("m1", 100, 6.0, 60, one)
     assert {local_id(x.url_id)[0] for x in again} & lost  # its partitions are back
+
+
+def test_a_member_starting_during_an_outage_waits_for_the_server(
+    new_crawl: NewCrawl, fleet_servers: list[Any]
+) -> None:
+    import threading
+    import time
+
+    pmap, _ = new_crawl(partitions=3)
+    down = fleet_servers[1]
+    down.pause()
+    timer = threading.Timer(1.5, down.resume)
+    timer.start()
+    t = time.monotonic()
+    try:
+        f = PartitionedFrontier(pmap)  # partition 1 is on the stopped server
+    finally:
+        timer.join()
+    try:
+        assert time.monotonic() - t >= 1.0  # it waited instead of failing the start
+        assert f.progress(0.0).finished
+    finally:
+        f.close()
