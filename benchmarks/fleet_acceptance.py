@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay", type=float, default=0.25)
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="idemcrawl-fleet-"))
+    print(f"work directory (crawl log, WARC files): {work}", file=sys.stderr)
     servers = [PgServer().start() for _ in range(3)]
     result: dict[str, Any] = {}
     try:
