@@ -311,6 +311,21 @@ def build_parser() -> argparse.ArgumentParser:
         "schema version. Safe to run while crawls run and from several machines at once.",
     )
     gm.add_argument("--db", required=True, help="SQLite path or postgresql://…[?schema=NAME]")
+    gi = gsub.add_parser(
+        "init",
+        help="create a crawl partitioned over several PostgreSQL servers",
+        description="Create a crawl of P partitions spread over the given PostgreSQL servers "
+        "(partition p on server p mod S, schema NAME_pNNN) and store the partition map on "
+        "every server, so that crawl, status, export… given any one of these URLs find the "
+        "whole crawl. Running it again with the same map changes nothing.",
+    )
+    gi.add_argument("--partitions", type=int, required=True, help="P, fixed for the crawl")
+    gi.add_argument(
+        "--db",
+        action="append",
+        required=True,
+        help="postgresql://…[?schema=NAME] of one server (repeat for each server)",
+    )
     return p
 
 
@@ -480,6 +495,15 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_db(a: argparse.Namespace) -> int:
+    if a.db_command == "init":
+        from .fleet.frontier import init_crawl
+
+        pmap = init_crawl(a.db, a.partitions)
+        print(
+            f"crawl {pmap.crawl}: {pmap.partitions} partitions over {len(pmap.servers)} "
+            "servers; give crawl any one of them as --db"
+        )
+        return 0
     f = open_frontier(a.db)
     try:
         # SQLite migrates on open and has no migrate() yet; the frontier rework gives every

@@ -174,7 +174,11 @@ class Engine:
         renderer, render_all = await open_renderer(cfg, resources)
         call = await self._open_frontier(resources)
         frontier = self.frontier
-        slot = owners.acquire(cfg.db)
+        # The crawl's identity for owner slots: its db string, or for a partitioned crawl the
+        # map's own name, so processes given different server URLs of one crawl still get
+        # distinct owner ids (and WARC prefixes) on one machine.
+        identity = getattr(frontier, "crawl_identity", cfg.db)
+        slot = owners.acquire(identity)
         resources.callback(slot.close)
         owner = slot.owner
         store, write = self._open_archive(resources, owner)
@@ -206,7 +210,7 @@ class Engine:
             max_pages=cfg.max_pages,
             horizon=cfg.horizon or None,
             recrawl=cfg.recrawl,
-            reclaim=partial(reclaim_dead_owners, frontier, cfg.db, owner),
+            reclaim=partial(reclaim_dead_owners, frontier, identity, owner),
             cookies=jar,
         )
         feeder = self._feeder = Feeder(

@@ -72,7 +72,7 @@ def reconcile(
 ) -> Reconciled:
     f = frontier
     f.release_owner(owner)  # this slot's previous holder is dead
-    reclaimed = reclaim_dead_owners(f, cfg.db, owner)
+    reclaimed = reclaim_dead_owners(f, getattr(f, "crawl_identity", cfg.db), owner)
     requeued = f.requeue_deferred() if cfg.retry_deferred else 0
     for host, budget in cfg.host_budgets:
         f.control("set-budget", host, budget)

@@ -48,12 +48,21 @@ def split_schema(dsn: str) -> tuple[str, str | None]:
 
 def open_frontier(db: str, *, create: bool = True) -> Frontier:
     """Open the crawl database named by ``db``: a file path (SQLite), a server URL, or
-    ``memory:[NAME]`` (handles opened with the same NAME share one crawl while any is open)."""
+    ``memory:[NAME]`` (handles opened with the same NAME share one crawl while any is open).
+    A server URL whose schema holds a partition map (``idemcrawl db init --partitions``) opens
+    the whole partitioned crawl (``fleet.frontier.PartitionedFrontier``)."""
     if db.startswith(("postgresql://", "postgres://")):
         # Imported here: psycopg is the optional "postgres" extra (FrontierError if missing).
         from .postgres import PostgresFrontier
 
         dsn, schema = split_schema(db)
+        # A schema holding a partition map is a crawl over several servers (issue 15): the
+        # fleet layer routes the same contract over its partitions. Anything else is as before.
+        from ..fleet.frontier import open_partitioned
+
+        fleet = open_partitioned(dsn, schema)
+        if fleet is not None:
+            return fleet  # type: ignore[return-value]
         return PostgresFrontier(dsn, schema=schema, create=create)
     from .memory import MemoryFrontier
     from .sqlite import SQLiteFrontier

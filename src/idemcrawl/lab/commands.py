@@ -143,6 +143,15 @@ def add_parsers(sub: Any) -> None:
         "1); a list such as 1,2,4,8 runs once per value on a fresh frontier and prints the "
         "curve",
     )
+    bf.add_argument(
+        "--partitions",
+        type=positive,
+        default=None,
+        help="a partitioned crawl of this many partitions on --servers throw-away PostgreSQL "
+        "servers, driven by one member that owns them all: grants/s and server CPU per 1,000 "
+        "grants and completions (--db and --processes do not apply)",
+    )
+    bf.add_argument("--servers", type=positive, default=1, help="with --partitions (default 1)")
     bf.add_argument("--json", action="store_true")
     bsub.add_parser(
         "crawl",
@@ -174,7 +183,8 @@ def add_parsers(sub: Any) -> None:
 
     sub.add_parser(
         "sim",
-        help="deterministic virtual-clock simulation of the scheduler (see: idemcrawl sim --help)",
+        help="deterministic virtual-clock simulation of the scheduler (see: idemcrawl sim "
+        "--help); 'sim --fleet' simulates members owning partitions",
         add_help=False,
     )
 
@@ -185,6 +195,14 @@ def run_own_parser(argv: Sequence[str]) -> int | None:
         from idemcrawl.lab.bench.crawl import main as bench_crawl_main
 
         return bench_crawl_main(argv[2:])
+    if list(argv[:2]) == ["sim", "--fleet"]:
+        from idemcrawl.lab.fleet_sim import main as fleet_sim_main
+
+        try:
+            return fleet_sim_main(argv[2:])
+        except ValueError as exc:
+            print(f"idemcrawl sim --fleet: error: {exc}", file=sys.stderr)
+            return 2
     if list(argv[:1]) == ["sim"]:
         from idemcrawl.frontier import FrontierError
         from idemcrawl.lab.sim import main as sim_main
@@ -276,8 +294,27 @@ def _process_counts(text: str) -> tuple[int, ...]:
     return values
 
 
+def _bench_fleet(a: argparse.Namespace) -> int:
+    from idemcrawl.lab.bench.fleet import run_fleet_bench
+
+    given = {"hosts": a.hosts, "urls_per_host": a.urls_per_host, "completions": a.completions}
+    try:
+        report = run_fleet_bench(
+            int(a.partitions),
+            int(a.servers),
+            **{k: int(v) for k, v in given.items() if v is not None},
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(report.as_dict()) if a.json else report.text())
+    return 0
+
+
 def _bench_frontier(a: argparse.Namespace) -> int:
     from dataclasses import replace
+
+    if a.partitions is not None:
+        return _bench_fleet(a)
 
     from idemcrawl.lab.bench.frontier import (
         CURVE_SIZE,
