@@ -8,6 +8,7 @@ the request's ``render`` flag is kept in the frontier like its callback.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import sys
@@ -32,11 +33,11 @@ class NotRendered(Spider):
     name = "js"
 
     def start_requests(self) -> Iterator[Request]:
-        yield Request(f"{os.environ['SANDBOX']}/js", self.parse_list)
+        yield Request(f"{os.environ['SANDBOX']}/js?page=1", self.parse_list, data={"page": 1})
 
     def parse_list(self, page: Page) -> Iterator[Record]:
         for li in page.css("li.item"):
-            yield Record(f"js-{li.attrs['data-id']}", {"title": li.text()})
+            yield Record(f"js-{li.attrs['data-id']}", {"title": li.text(), **page.data})
 
 
 def crawl(db: Path, spider: str, base: str, delay: str = "0") -> list[str]:
@@ -60,18 +61,21 @@ def test_the_javascript_example_yields_items_only_when_rendered(tmp_path: Path) 
         assert plain.returncode == 0, plain.stderr
     assert records(tmp_path / "r.db") == expected_js(cfg)
     assert records(tmp_path / "p.db") == {}
-    # The page, then its script's API call: sent by the crawl, a delay after the page.
-    assert [(e["method"], e["path"]) for e in log[:2]] == [
-        ("GET", "/js"),
-        ("GET", "/api/items?offset=0"),
+    # Each page, then its script's API call: sent by the crawl, one at a time, a delay apart;
+    # the next page only once the script made the link to it.
+    pages = -(-cfg.api_items // cfg.api_page)
+    assert [(e["method"], e["path"]) for e in log] == [
+        ("GET", path)
+        for n in range(1, pages + 1)
+        for path in (f"/js?page={n}", f"/api/items?offset={(n - 1) * cfg.api_page}")
     ]
-    assert log[1]["t"] - log[0]["t"] >= 0.3 - 0.05
+    assert all(b["t"] - a["t"] >= 0.3 - 0.05 for a, b in itertools.pairwise(log))
     con = sqlite3.connect(tmp_path / "r.db")
     try:
         (row,) = con.execute(
             "SELECT r.callback, r.render FROM requests r JOIN urls u USING (url_id) "
-            "WHERE u.url LIKE '%/js'"
+            "WHERE u.url LIKE '%/js?page=2'"
         ).fetchall()
     finally:
         con.close()
-    assert row == ("parse_list", 1)
+    assert row == ("parse_list", 1)  # the followed page is rendered too

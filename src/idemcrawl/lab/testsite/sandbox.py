@@ -13,8 +13,9 @@
   cookie and redirects to ``/members``, which lists members-only items and answers 403
   without a valid session.
 * ``/api/items?offset=N`` — a JSON "load more" API: ``{"items": [...], "next": offset|null}``.
-* ``/js`` — a page whose items exist only after its script runs: the HTML has an empty list,
-  the script fills it from the JSON API (``examples/js.py`` renders it).
+* ``/js?page=N`` — pages whose items exist only after their script runs: the HTML has an empty
+  list, the script fills it from the JSON API and adds the link to the next page
+  (``examples/js.py`` renders them).
 
 Everything a verifier needs is computable without the server (:func:`expected_items`,
 :func:`expected_search`, :func:`expected_members`, :func:`expected_api`), and the server logs
@@ -112,9 +113,12 @@ def expected_api(cfg: SandboxConfig) -> dict[str, dict[str, Any]]:
 
 
 def expected_js(cfg: SandboxConfig) -> dict[str, dict[str, Any]]:
-    """What the JavaScript page shows once its script ran: the API's first page of items."""
-    last = min(cfg.api_page, cfg.api_items)
-    return {f"js-{i}": {"title": f"API item {i}"} for i in range(1, last + 1)}
+    """What the JavaScript pages show once their scripts ran, all pages followed: every API
+    item, each with the page that showed it."""
+    return {
+        f"js-{i}": {"title": f"API item {i}", "page": (i - 1) // cfg.api_page + 1}
+        for i in range(1, cfg.api_items + 1)
+    }
 
 
 @dataclass
@@ -308,16 +312,25 @@ def make_app(cfg: SandboxConfig, state: SandboxState | None = None) -> web.Appli
         nxt = stop if stop < cfg.api_items else None
         return web.json_response({"items": items, "next": nxt})
 
-    async def js(_: web.Request) -> web.Response:
-        # The list is empty in the HTML: the script asks the JSON API for the items.
+    async def js(request: web.Request) -> web.Response:
+        # The list and the link to the next page are not in the HTML: the script asks the JSON
+        # API for this page's items and adds the link when the API says there are more.
+        try:
+            page = max(1, int(request.query.get("page", "1")))
+        except ValueError:
+            return web.Response(status=400, text="bad page")
+        offset = (page - 1) * cfg.api_page
         script = (
-            "<script>fetch('/api/items?offset=0').then(r => r.json()).then(batch => {"
+            f"<script>fetch('/api/items?offset={offset}').then(r => r.json()).then(batch => {{"
             "const ul = document.getElementById('items');"
             "batch.items.forEach(it => { const li = document.createElement('li');"
             "li.className = 'item'; li.dataset.id = it.id; li.textContent = it.name;"
-            " ul.appendChild(li); }); });</script>"
+            " ul.appendChild(li); });"
+            "if (batch.next !== null) { const a = document.createElement('a');"
+            f"a.className = 'next'; a.href = '/js?page={page + 1}'; a.textContent = 'next';"
+            " document.body.appendChild(a); } });</script>"
         )
-        return _page("Rendered list", "<ul id='items'></ul>" + script)
+        return _page(f"Rendered list, page {page}", "<ul id='items'></ul>" + script)
 
     async def log(_: web.Request) -> web.Response:
         return web.json_response(st.snapshot())
