@@ -350,3 +350,32 @@ def test_a_member_starting_during_an_outage_waits_for_the_server(
         assert f.progress(0.0).finished
     finally:
         f.close()
+
+
+def test_a_forwarded_link_keeps_its_request_spec() -> None:
+    """A link for another partition crosses in its outbox row with its callback, context,
+    method, body and render flag (I11), byte for byte."""
+    from idemcrawl.fleet.partition import url_from_payload, url_payload
+    from idemcrawl.frontier.base import RequestSpec
+
+    spec = RequestSpec("POST", "parse_item", '{"k":1}', '[["X-A","b"]]', b"\x00\xffq=1", True)
+    u = NewURL("http://b/x#POST:abc", "http://b", 3, 2, request=spec)
+    assert url_from_payload(url_payload(u)) == u
+    plain = NewURL("http://b/y", "http://b")
+    assert url_from_payload(url_payload(plain)) == plain
+
+
+def test_start_up_reads_page_across_partitions(new_crawl: NewCrawl) -> None:
+    pmap, f = new_crawl(partitions=3)
+    by_p = hosts_in(pmap)
+    urls = [NewURL(f"{by_p[p][0]}/u{i}", by_p[p][0]) for p in range(3) for i in range(3)]
+    f.add(urls, 0.0)
+    pages, after = [], 0
+    while rows := f.known_urls(after, 4):
+        pages.append(rows)
+        after = rows[-1][0]
+    flat = [r for page in pages for r in page]
+    assert [len(p) for p in pages] == [4, 4, 1]
+    assert sorted(u for _, u in flat) == sorted(u.url for u in urls)
+    assert [i for i, _ in flat] == sorted(i for i, _ in flat)
+    assert f.known_urls() == flat
