@@ -44,8 +44,9 @@ PAGE = """<!doctype html><html><head><title>{title}</title></head><body>
 
 
 class JsSite:
-    def __init__(self) -> None:
+    def __init__(self, crawl_delay: float | None = None) -> None:
         self.log: list[tuple[str, float, float]] = []
+        self.crawl_delay = crawl_delay
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -62,7 +63,8 @@ class JsSite:
 
     async def robots(self, request: web.Request) -> web.Response:
         self._log(request, time.monotonic())
-        return web.Response(text="User-agent: *\nDisallow: /private/\n")
+        extra = "" if self.crawl_delay is None else f"Crawl-delay: {self.crawl_delay}\n"
+        return web.Response(text="User-agent: *\nDisallow: /private/\n" + extra)
 
     async def listing(self, request: web.Request) -> web.Response:
         self._log(request, time.monotonic())
@@ -152,3 +154,13 @@ def test_render_finds_every_item_obeys_robots_and_delay_and_archives_the_dom(
     assert types[f"{RENDERED_PREFIX}{base}/"] == ["conversion"]
     assert "response" in types[f"{base}/api/list"]
     assert all(f"{RENDERED_PREFIX}{base}/item/{n}" in types for n in range(3))
+
+
+def test_a_robots_crawl_delay_spaces_what_rendering_pages_ask_for(tmp_path: Path) -> None:
+    browser_or_skip()
+    site = JsSite(crawl_delay=0.3)
+    with AppServer(site.app) as server:
+        summary = crawl(tmp_path, server, render=True, delay=0.0)
+    assert summary.finished and summary.records == 3
+    pairs = list(zip(site.log, site.log[1:], strict=False))[1:]  # after robots.txt itself
+    assert pairs and all(start - end >= 0.3 - 0.05 for (_, _, end), (_, start, _) in pairs)

@@ -27,7 +27,7 @@ from .feeder import Feeder, FeederCore
 from .gate import LinkGate
 from .parsing import ParseClient, spider_spec
 from .pipeline import PageFetcher, Pipeline
-from .rendering import open_renderer, robots_rules
+from .rendering import host_rules, open_renderer
 from .reporter import Reporter
 from .startup import reclaim_dead_owners, reconcile
 from .summary import CrawlSummary
@@ -245,7 +245,7 @@ class Engine:
             summary=summary,
             renderer=renderer,
             render_all=render_all,
-            robots_for=partial(robots_rules, self.policy, call, frontier),
+            rules_for=partial(host_rules, self.policy, call, frontier),
             cookies=jar,
         )
         committer = Committer(

@@ -48,6 +48,7 @@ from .archiver import Archived, ArchiveFailed, Archiver
 from .clock import Clock
 from .gate import LinkGate
 from .neardup import NearDuplicates
+from .rendering import HostRules
 from .summary import CrawlSummary, Outcome
 
 MAX_ROBOTS_REDIRECTS = 5
@@ -133,7 +134,7 @@ class Pipeline:
         rng: random.Random | None = None,
         renderer: Renderer | None = None,
         render_all: bool = False,
-        robots_for: Callable[[str], Awaitable[Callable[[str], bool]]] | None = None,
+        rules_for: Callable[[str], Awaitable[HostRules]] | None = None,
         cookies: CookieJar | None = None,
     ) -> None:
         self.cfg = cfg
@@ -141,9 +142,8 @@ class Pipeline:
         #: Every HTML page is rendered (``--render``, the spider's ``render``); otherwise only
         #: those whose request asks for it.
         self.render_all = render_all
-        #: A host's robots.txt rules as "may this URL be fetched?" (rendering pages' requests).
-        self.robots_for = robots_for
-        self._delays = {host: delay for host, delay, _ in cfg.host_overrides if delay is not None}
+        #: A host's robots.txt and spacing, which rendering pages' own requests obey.
+        self.rules_for = rules_for
         #: The crawl's cookie jar (spiders with ``keep_cookies``), loaded by the feeder.
         self.cookies = cookies
         self.fetcher = fetcher
@@ -299,8 +299,9 @@ class Pipeline:
         if ctype not in ("text/html", "application/xhtml+xml") or res.cut_reason:
             return None
         host = lease.host_key
-        gap = self._delays.get(host, self._delays.get(urls.hostname(host), self.cfg.delay))
-        allowed = None if self.robots_for is None else await self.robots_for(host)
+        rules = None if self.rules_for is None else await self.rules_for(host)
+        gap = self.cfg.delay if rules is None else rules.gap
+        allowed = None if rules is None else rules.allowed
 
         async def fetch(url: str, method: str, headers: dict[str, str], body: Any) -> FetchResult:
             # A page's script is held to the rules its own page was: robots.txt (R7), the

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..config import CrawlConfig
 from ..frontier.base import Frontier, HostPolicy
+from ..frontier.scheduler import end_gap
 from ..parse import load_spider
 from ..render import Renderer, RenderSettings
 from ..robots import state_from_row
@@ -36,14 +38,25 @@ async def open_renderer(
     return renderer, every_page
 
 
-async def robots_rules(
+@dataclass(frozen=True, slots=True)
+class HostRules:
+    """What a rendering page's own requests to its host obey, as the crawl's requests do."""
+
+    #: robots.txt as a predicate on URLs of the host (R7).
+    allowed: Callable[[str], bool]
+    #: Seconds from the end of one response to the next start on the host (I8): the delay
+    #: configured for it, or its robots.txt Crawl-delay within the cap.
+    gap: float
+
+
+async def host_rules(
     policy: HostPolicy, call: Call, frontier: Frontier, host_key: str
-) -> Callable[[str], bool]:
-    """The host's robots.txt as a predicate, read from the frontier: a rendering page's own
-    requests obey it as the crawl's do (R7)."""
+) -> HostRules:
+    """The host's rules, read from the frontier's row of it."""
+    row = await call(frontier.host_row, host_key)
+    gap = end_gap(row, policy) if row else policy.delay
     cache = policy.robots
     if cache is None:
-        return lambda _url: True
-    row = await call(frontier.host_row, host_key)
+        return HostRules(lambda _url: True, gap)
     state = state_from_row(row) if row else None
-    return lambda url: cache.allowed(host_key, state, url)
+    return HostRules(lambda url: cache.allowed(host_key, state, url), gap)
