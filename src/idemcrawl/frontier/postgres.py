@@ -54,8 +54,8 @@ from .base import Completion, FrontierError, NewURL
 from .postgres_schema import MIGRATIONS
 from .scheduler import Scheduler
 from .sql import SQLStore
-from .sql_dialect import POSTGRES
-from .store import DONE_COLUMNS, SCHEMA_VERSION, Grant, done_values
+from .sql_dialect import PICK_COLS, POSTGRES
+from .store import DONE_COLUMNS, PICK_COLUMNS, SCHEMA_VERSION, Grant, PickRow, done_values
 
 try:
     import psycopg
@@ -101,6 +101,18 @@ _INSERT_URLS = (
     "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], "
     "%s::text[], %s::int[]) AS l(u, h, s, r, p, d, k, n) "
     "ON CONFLICT (url) DO NOTHING"
+)
+
+#: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
+#: skipping rows another leaser holds (one statement per host took 257 round trips per lease
+#: call). The outer ORDER BY keeps each host's rows in pick order.
+_PICK_URLS = (
+    f"SELECT w.host_key, {', '.join('p.' + c for c in PICK_COLUMNS)} "
+    "FROM unnest(%s::text[], %s::int[]) WITH ORDINALITY AS w(host_key, n, ord) "
+    f"CROSS JOIN LATERAL (SELECT {PICK_COLS}, priority FROM urls "
+    "WHERE urls.host_key = w.host_key AND state = 'queued' AND due_at <= %s "
+    "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT w.n FOR UPDATE SKIP LOCKED) AS p "
+    "ORDER BY w.ord, p.priority DESC, p.due_at"
 )
 
 #: Column types of the fenced completion update's unnest (DONE_COLUMNS order).
@@ -178,6 +190,27 @@ class PgStore(SQLStore):
             ),
         )
         return max(self.cur.rowcount, 0)
+
+    def pick_urls(
+        self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
+    ) -> dict[str, list[PickRow]]:
+        """All hosts' picks in one statement (``_PICK_URLS``); rows picked in an earlier round
+        of this lease call are asked for again and dropped here, as ``SQLStore`` does."""
+        out: dict[str, list[PickRow]] = {key: [] for key, _, _ in wants}
+        if not wants:
+            return out
+        rows = self.cur.execute(
+            _PICK_URLS,
+            ([k for k, _, _ in wants], [n + len(ex) for _, n, ex in wants], float(now)),
+        ).fetchall()
+        limits = {key: (n, set(ex)) for key, n, ex in wants}
+        for r in rows:
+            key = r[0]
+            n, skip = limits[key]
+            picked = out[key]
+            if len(picked) < n and r[1] not in skip:
+                picked.append(tuple(r[1:]))
+        return out
 
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
         leases = [(g, i, ls) for g in grants for i, ls in enumerate(g.leases)]
@@ -371,6 +404,9 @@ class PostgresFrontier(Scheduler):
             with conn.cursor() as cur:
                 cur.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
                 cur.execute(f"SET idle_in_transaction_session_timeout = '{_IDLE_IN_TX_TIMEOUT}'")
+                # The frontier's statements are short and many: JIT compiling one costs more
+                # than running it, and the planner's row estimates for the unnest joins are rough.
+                cur.execute("SET jit = off")
                 row = cur.execute(
                     "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
                 ).fetchone()
