@@ -482,8 +482,9 @@ class PostgresFrontier(Scheduler):
             with conn.cursor() as cur:
                 cur.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
                 cur.execute(f"SET idle_in_transaction_session_timeout = '{_IDLE_IN_TX_TIMEOUT}'")
-                # The frontier's statements are short and many: JIT compiling one costs more
-                # than running it, and the planner's row estimates for the unnest joins are rough.
+                # The frontier's statements are short and many; a plan whose cost is
+                # overestimated (level 1 before the first ANALYZE) would be JIT-compiled on
+                # every call.
                 cur.execute("SET jit = off")
                 row = cur.execute(
                     "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
