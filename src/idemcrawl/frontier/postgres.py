@@ -179,9 +179,7 @@ _CASTS: dict[str, Callable[[Any], Any]] = {
 
 def _columns(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> list[list[Any]]:
     """Rows turned into one typed list per column, for ``unnest`` of array parameters."""
-    return [
-        [None if r[i] is None else _CASTS[t](r[i]) for r in rows] for i, t in enumerate(types)
-    ]
+    return [[None if r[i] is None else _CASTS[t](r[i]) for r in rows] for i, t in enumerate(types)]
 
 
 def _arrays(types: Sequence[str]) -> str:
@@ -725,6 +723,23 @@ class PostgresFrontier(Scheduler):
             write=False,
         )
         return int(row[0]) if row else 0
+
+    def relation_bytes(self) -> list[tuple[str, str, int]]:
+        """(table, relation, bytes) of each table (with its TOAST data) and each index of this
+        crawl: where ``schema_bytes`` goes (``bench frontier``)."""
+        rows = self._run(
+            lambda s: s.cur.execute(
+                "SELECT t.relname, t.relname, pg_table_size(t.oid) FROM pg_class t "
+                "JOIN pg_namespace n ON n.oid = t.relnamespace "
+                "WHERE n.nspname = %s AND t.relkind = 'r' "
+                "UNION ALL SELECT t.relname, i.relname, pg_relation_size(i.oid) FROM pg_index x "
+                "JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid "
+                "JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = %s",
+                (self.schema, self.schema),
+            ).fetchall(),
+            write=False,
+        )
+        return [(str(t), str(r), int(b)) for t, r, b in rows]
 
     def drop_schema(self) -> None:
         """Delete this crawl (its whole schema); used by benchmarks and tests."""
