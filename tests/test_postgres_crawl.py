@@ -10,11 +10,13 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
 from .frontier.conftest import PG_DSN, require_postgres
-from .helpers import DEVNULL, spawn_cli
+from .helpers import DEVNULL, run_cli, spawn_cli
 
 
 def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[str]:
@@ -90,3 +92,31 @@ def test_four_processes_on_postgres_with_kills(tmp_path: Path) -> None:
     finally:
         with psycopg.connect(PG_DSN, autocommit=True) as con:
             con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.slow
+def test_chaos_on_postgres_is_exact_and_drops_its_schemas() -> None:
+    """``idemcrawl chaos --db postgresql://…``: the kill test's crawls on the server, each run in
+    a schema of its own that is dropped once scored."""
+    require_postgres()
+    import psycopg
+
+    res = run_cli(
+        "chaos", "--runs", "1", "--kills", "2", "--listings", "3", "--per-page", "10",
+        "--latency-ms", "60", "--min", "0.1", "--max", "0.3", "--skip-naive", "--json",
+        "--db", PG_DSN, timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    (idem,) = report["results"]
+    assert report["ok"] and report["options"]["db"] == PG_DSN
+    assert idem["rows"] == idem["correct"] == 30 and idem["missing"] == 0
+    assert idem["events"] == idem["completed_versions"] > 0 and idem["warc_pointers_checked"] > 0
+    with psycopg.connect(PG_DSN, autocommit=True) as con:
+        left = con.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'chaos\\_%'")
+        assert left.fetchone()[0] == 0
+
+
+def test_chaos_refuses_an_unknown_database() -> None:
+    res = run_cli("chaos", "--db", "mysql://x", "--runs", "1", timeout=60)
+    assert res.returncode == 2 and "--db must be" in res.stderr

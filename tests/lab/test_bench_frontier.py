@@ -27,6 +27,13 @@ def test_frontier_bench_counts_and_sizes() -> None:
     assert r.grants_per_s > 0 and r.completions_per_s > 0
     assert 50 < r.bytes_per_url < 5000
     assert "lease grants" in r.text()
+    # where the bytes go: the URL table, its unique key and its queue index among them
+    names = {name for _, name, _ in r.relations}
+    assert {"urls", "urls_queue", "hosts", "lease_log"} <= names
+    assert any(t == "urls" and n.startswith("sqlite_autoindex_urls") for t, n, _ in r.relations)
+    assert 0 < sum(b for _, _, b in r.relations) <= r.bytes_on_disk
+    assert [b for _, _, b in r.relations] == sorted((b for _, _, b in r.relations), reverse=True)
+    assert "urls_queue" in r.text()
     # one process: the aggregate is its lease+complete loop over the phase's wall clock
     assert r.processes == 1 and len(r.per_process) == 1
     assert 0 < r.aggregate_grants_per_s < r.grants_per_s
@@ -218,6 +225,9 @@ def test_postgres_cost_from_the_server_processes_and_the_wire(pg_dsn: str) -> No
         for sql, _, _ in c.slowest_in_lease
     )
     assert "server CPU" in r.text() and "round trips" in r.text()
+    # the per-relation breakdown adds up to the schema's size (tables with TOAST, each index)
+    assert ("urls", "urls_url_key") in {(t, n) for t, n, _ in r.relations}
+    assert sum(b for _, _, b in r.relations) == r.bytes_on_disk
     _assert_schema_dropped(pg_dsn, logged)
 
 

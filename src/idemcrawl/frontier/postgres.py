@@ -54,8 +54,8 @@ from .base import Completion, FrontierError, NewURL
 from .postgres_schema import MIGRATIONS
 from .scheduler import Scheduler
 from .sql import SQLStore
-from .sql_dialect import POSTGRES
-from .store import DONE_COLUMNS, SCHEMA_VERSION, Grant, done_values
+from .sql_dialect import PICK_COLS, POSTGRES
+from .store import DONE_COLUMNS, PICK_COLUMNS, SCHEMA_VERSION, Grant, PickRow, done_values
 
 try:
     import psycopg
@@ -98,9 +98,21 @@ _CONNECT_DEFAULTS: dict[str, Any] = {
 _INSERT_URLS = (
     "INSERT INTO urls (url, host_key, state, reason, priority, depth, due_at, discovered_at, "
     "kind, hops) SELECT u, h, s, r, p, d, %s, %s, k, n "
-    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], "
-    "%s::text[], %s::int[]) AS l(u, h, s, r, p, d, k, n) "
+    "FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], "
+    "%b::text[], %b::int[]) AS l(u, h, s, r, p, d, k, n) "
     "ON CONFLICT (url) DO NOTHING"
+)
+
+#: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
+#: skipping rows another leaser holds (one statement per host took 257 round trips per lease
+#: call). The outer ORDER BY keeps each host's rows in pick order.
+_PICK_URLS = (
+    f"SELECT w.host_key, {', '.join('p.' + c for c in PICK_COLUMNS)} "
+    "FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY AS w(host_key, n, ord) "
+    f"CROSS JOIN LATERAL (SELECT {PICK_COLS}, priority FROM urls "
+    "WHERE urls.host_key = w.host_key AND state = 'queued' AND due_at <= %s "
+    "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT w.n FOR UPDATE SKIP LOCKED) AS p "
+    "ORDER BY w.ord, p.priority DESC, p.due_at"
 )
 
 #: Column types of the fenced completion update's unnest (DONE_COLUMNS order).
@@ -135,12 +147,61 @@ _DONE_SQL = (
         f"{col} = COALESCE(c.{col}, u.{col})" if keep else f"{col} = c.{col}"
         for col, keep in DONE_COLUMNS
     )
-    + " FROM unnest(%s::bigint[], %s::int[], %s::bigint[], "
-    + ", ".join(f"%s::{_DONE_TYPES[col]}[]" for col, _ in DONE_COLUMNS)
+    + " FROM unnest(%b::bigint[], %b::int[], %b::bigint[], "
+    + ", ".join(f"%b::{_DONE_TYPES[col]}[]" for col, _ in DONE_COLUMNS)
     + ") AS c(url_id, version, token, "
     + ", ".join(col for col, _ in DONE_COLUMNS)
     + ") WHERE u.url_id = c.url_id AND u.state = 'leased' AND u.version = c.version "
     "AND u.lease_token = c.token RETURNING c.url_id, c.version, c.token"
+)
+
+
+#: PostgreSQL types of the host columns ``update_hosts`` may set (``HOST_COLUMNS``).
+_HOST_TYPES = {
+    "next_allowed_at": "float8", "in_flight": "int", "queued": "int", "max_in_flight": "int",
+    "delay": "float8", "backoff_until": "float8", "error_streak": "int", "latency_ewma": "float8",
+    "paused": "int", "pause_reason": "text", "robots_state": "text", "robots_body": "bytea",
+    "robots_fetched_at": "float8", "robots_expires_at": "float8", "crawl_delay": "float8",
+    "budget_day": "text", "budget_used": "int", "robots_meta": "text", "robots_failures": "int",
+    "backoff_reason": "text", "budget": "int",
+}  # fmt: skip
+_RECORD_TYPES = ("text", "text", "text", "text", "text", "text", "float8", "float8")
+_EVENT_TYPES = (
+    "bigint", "int", "text", "int", "float8", "text", "int", "int", "text", "bigint", "bigint",
+    "text", "float8",
+)  # fmt: skip
+#: How a Python value becomes an element of a typed array parameter (one array holds one type:
+#: an int among floats would otherwise make psycopg pick the wrong element type).
+_CASTS: dict[str, Callable[[Any], Any]] = {
+    "int": int, "bigint": int, "float8": float, "text": str, "bytea": bytes,
+}  # fmt: skip
+
+
+def _columns(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> list[list[Any]]:
+    """Rows turned into one typed list per column, for ``unnest`` of array parameters."""
+    return [[None if r[i] is None else _CASTS[t](r[i]) for r in rows] for i, t in enumerate(types)]
+
+
+def _arrays(types: Sequence[str]) -> str:
+    return ", ".join(f"%b::{t}[]" for t in types)
+
+
+#: Set-based twins of ``sql_dialect.UPSERT_RECORD`` and ``INSERT_EVENT``: one statement for a
+#: completion batch instead of one per page (events in batch order: ids follow it).
+_UPSERT_RECORDS = (
+    "INSERT INTO records (record_id, source, key, url, data, content_hash, first_seen, "
+    f"last_changed) SELECT * FROM unnest({_arrays(_RECORD_TYPES)}) "
+    "ON CONFLICT (record_id) DO UPDATE SET data = excluded.data, "
+    "content_hash = excluded.content_hash, last_changed = excluded.last_changed, "
+    "url = excluded.url WHERE records.content_hash IS DISTINCT FROM excluded.content_hash"
+)
+_INSERT_EVENTS = (
+    "INSERT INTO events (url_id, url_version, url, status, fetched_at, content_hash, records, "
+    "links, warc_file, warc_offset, warc_length, payload_digest, created_at) "
+    "SELECT u, v, l, s, f, c, r, k, wf, wo, wl, pd, ca "
+    f"FROM unnest({_arrays(_EVENT_TYPES)}) WITH ORDINALITY "
+    "AS e(u, v, l, s, f, c, r, k, wf, wo, wl, pd, ca, n) ORDER BY e.n "
+    "ON CONFLICT (url_id, url_version) DO NOTHING"
 )
 
 
@@ -179,6 +240,27 @@ class PgStore(SQLStore):
         )
         return max(self.cur.rowcount, 0)
 
+    def pick_urls(
+        self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
+    ) -> dict[str, list[PickRow]]:
+        """All hosts' picks in one statement (``_PICK_URLS``); rows picked in an earlier round
+        of this lease call are asked for again and dropped here, as ``SQLStore`` does."""
+        out: dict[str, list[PickRow]] = {key: [] for key, _, _ in wants}
+        if not wants:
+            return out
+        rows = self.cur.execute(
+            _PICK_URLS,
+            ([k for k, _, _ in wants], [n + len(ex) for _, n, ex in wants], float(now)),
+        ).fetchall()
+        limits = {key: (n, set(ex)) for key, n, ex in wants}
+        for r in rows:
+            key = r[0]
+            n, skip = limits[key]
+            picked = out[key]
+            if len(picked) < n and r[1] not in skip:
+                picked.append(tuple(r[1:]))
+        return out
+
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
         leases = [(g, i, ls) for g in grants for i, ls in enumerate(g.leases)]
         cur = self.cur
@@ -186,7 +268,7 @@ class PgStore(SQLStore):
             cur.execute(
                 "UPDATE urls AS u SET state = 'leased', lease_owner = %s, "
                 "lease_token = g.token, lease_expires_at = %s, leased_at = %s "
-                "FROM unnest(%s::bigint[], %s::bigint[]) AS g(url_id, token) "
+                "FROM unnest(%b::bigint[], %b::bigint[]) AS g(url_id, token) "
                 "WHERE u.url_id = g.url_id",
                 (owner, expires, now, [ls.url_id for _, _, ls in leases],
                  [ls.token for _, _, ls in leases]),
@@ -195,8 +277,8 @@ class PgStore(SQLStore):
                 "INSERT INTO lease_log (host_key, url_id, kind, granted_at, eligible_at, "
                 "min_gap, allowance, in_flight_before) "
                 "SELECT g.host_key, g.url_id, g.kind, g.granted_at, g.eligible_at, g.min_gap, "
-                "g.allowance, g.in_flight FROM unnest(%s::float8[], %s::text[], %s::bigint[], "
-                "%s::text[], %s::float8[], %s::float8[], %s::int[], %s::int[]) WITH ORDINALITY "
+                "g.allowance, g.in_flight FROM unnest(%b::float8[], %b::text[], %b::bigint[], "
+                "%b::text[], %b::float8[], %b::float8[], %b::int[], %b::int[]) WITH ORDINALITY "
                 "AS g(granted_at, host_key, url_id, kind, eligible_at, min_gap, allowance, "
                 "in_flight, n) ORDER BY g.n",
                 (
@@ -213,7 +295,7 @@ class PgStore(SQLStore):
             cur.execute(
                 "UPDATE hosts AS h SET next_allowed_at = g.next_allowed_at, "
                 "budget_used = g.used, budget_day = g.day "
-                "FROM unnest(%s::text[], %s::float8[], %s::int[], %s::text[]) "
+                "FROM unnest(%b::text[], %b::float8[], %b::int[], %b::text[]) "
                 "AS g(host_key, next_allowed_at, used, day) WHERE h.host_key = g.host_key",
                 (
                     [g.host_key for g in grants],
@@ -248,11 +330,38 @@ class PgStore(SQLStore):
         keys = [(c.lease.url_id, c.lease.version, c.lease.token) for c in completions]
         return [first[key] == i and key in ok_keys for i, key in enumerate(keys)]
 
+    def update_hosts(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """All hosts' new values in one statement. Rows naming a host twice keep the one by
+        one semantics (the last wins) by running one by one, as an UPDATE … FROM would apply
+        an arbitrary one of them."""
+        keys = [r[-1] for r in rows]
+        if len(rows) < 2 or len(set(keys)) < len(keys):
+            super().update_hosts(columns, rows)
+            return
+        if not set(columns) <= set(_HOST_TYPES):
+            raise ValueError(f"not host columns: {columns}")
+        types = [_HOST_TYPES[c] for c in columns] + ["text"]
+        names = [f"c{i}" for i in range(len(columns))]
+        sets = ", ".join(f"{c} = v.{n}" for c, n in zip(columns, names, strict=True))
+        self.cur.execute(
+            f"UPDATE hosts AS h SET {sets} FROM unnest({_arrays(types)}) "
+            f"AS v({', '.join(names)}, host_key) WHERE h.host_key = v.host_key",
+            _columns(rows, types),
+        )
+
+    def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """One statement per batch; a batch writing one record twice runs row by row (one
+        upsert statement cannot change a row twice, and the order of the writes matters)."""
+        if len(rows) < 2 or len({r[0] for r in rows}) < len(rows):
+            super().upsert_records(rows)
+            return
+        self.cur.execute(_UPSERT_RECORDS, _columns(rows, _RECORD_TYPES))
+
     def insert_events(self, rows: Sequence[tuple[Any, ...]]) -> None:
         # Last in the transaction and held to COMMIT: ids are handed out in commit order.
         with self._pipeline():
             self.cur.execute("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK,))
-            super().insert_events(rows)
+            self.cur.execute(_INSERT_EVENTS, _columns(rows, _EVENT_TYPES))
 
     def precommit(self) -> str | None:
         """Write the counters (name order, one statement) and return the transaction id.
@@ -265,7 +374,7 @@ class PgStore(SQLStore):
             names = sorted(self.bumps)
             row = self.cur.execute(
                 "WITH b AS (INSERT INTO counters (name, value) "
-                "SELECT * FROM unnest(%s::text[], %s::bigint[]) "
+                "SELECT * FROM unnest(%b::text[], %b::bigint[]) "
                 "ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value "
                 "RETURNING 1) "
                 "SELECT pg_current_xact_id_if_assigned()::text FROM (SELECT count(*) FROM b) AS n",
@@ -371,6 +480,10 @@ class PostgresFrontier(Scheduler):
             with conn.cursor() as cur:
                 cur.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
                 cur.execute(f"SET idle_in_transaction_session_timeout = '{_IDLE_IN_TX_TIMEOUT}'")
+                # The frontier's statements are short and many; a plan whose cost is
+                # overestimated (level 1 before the first ANALYZE) would be JIT-compiled on
+                # every call.
+                cur.execute("SET jit = off")
                 row = cur.execute(
                     "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
                 ).fetchone()
@@ -610,6 +723,23 @@ class PostgresFrontier(Scheduler):
             write=False,
         )
         return int(row[0]) if row else 0
+
+    def relation_bytes(self) -> list[tuple[str, str, int]]:
+        """(table, relation, bytes) of each table (with its TOAST data) and each index of this
+        crawl: where ``schema_bytes`` goes (``bench frontier``)."""
+        rows = self._run(
+            lambda s: s.cur.execute(
+                "SELECT t.relname, t.relname, pg_table_size(t.oid) FROM pg_class t "
+                "JOIN pg_namespace n ON n.oid = t.relnamespace "
+                "WHERE n.nspname = %s AND t.relkind = 'r' "
+                "UNION ALL SELECT t.relname, i.relname, pg_relation_size(i.oid) FROM pg_index x "
+                "JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid "
+                "JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = %s",
+                (self.schema, self.schema),
+            ).fetchall(),
+            write=False,
+        )
+        return [(str(t), str(r), int(b)) for t, r, b in rows]
 
     def drop_schema(self) -> None:
         """Delete this crawl (its whole schema); used by benchmarks and tests."""

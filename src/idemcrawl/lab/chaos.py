@@ -11,6 +11,10 @@ measured at the server.
 leased and not yet committed (fetching, parsing, or waiting in the group-commit batch). Those are
 the only pages a restart may fetch again, so idemcrawl's guarantee is checked as
 ``repeated requests <= sum of in-flight-at-kill``.
+
+With ``db`` a ``postgresql://`` URL, idemcrawl's crawls run on that server instead of an SQLite
+file, one fresh schema per run (dropped once the run is scored), with the WARC store in the work
+directory; the naive scraper keeps its own SQLite file.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,6 +57,12 @@ class ChaosOptions:
     naive: bool = True
     #: A single run's hard limit, so the command always ends.
     run_timeout: float = 600.0
+    #: idemcrawl's database: "sqlite" (a file per run) or a postgresql:// URL (a schema per run).
+    db: str = "sqlite"
+
+    def __post_init__(self) -> None:
+        if self.db != "sqlite" and not self.db.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"--db must be 'sqlite' or a postgresql:// URL, got {self.db!r}")
 
     def idem_latency(self) -> float:
         """Enough latency that a full crawl takes ~13 s, so kills land mid-crawl."""
@@ -198,20 +210,73 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _leased_now(db: str) -> int:
-    if not os.path.exists(db):
+@dataclass(frozen=True)
+class _CrawlDB:
+    """Where one run keeps its crawl: ``db`` is the crawl's ``--db`` (an SQLite file, or a
+    PostgreSQL URL naming the run's own schema), read back here with plain SQL either way."""
+
+    db: str
+    warc_dir: str
+    #: PostgreSQL: the server's URL without the schema parameter, and the schema.
+    dsn: str | None = None
+    schema: str | None = None
+
+    @classmethod
+    def make(cls, opts: ChaosOptions, workdir: str, name: str) -> _CrawlDB:
+        path = os.path.join(workdir, f"{name}.db")
+        if opts.db == "sqlite" or name.startswith("naive"):
+            return cls(path, path + ".warc")
+        from idemcrawl.frontier import split_schema
+
+        dsn, _ = split_schema(opts.db)
+        schema = f"chaos_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
+        sep = "&" if "?" in dsn else "?"
+        return cls(f"{dsn}{sep}schema={schema}", path + ".warc", dsn, schema)
+
+    def exists(self) -> bool:
+        return self.dsn is not None or os.path.exists(self.db)
+
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        """A connection whose ``execute`` reads the crawl's tables (unqualified names)."""
+        if self.dsn is None:
+            con = sqlite3.connect(self.db, timeout=30)
+            try:
+                yield con
+            finally:
+                con.close()
+            return
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as pg:
+            pg.execute(f'SET search_path TO "{self.schema}"')
+            yield pg
+
+    def drop(self) -> None:
+        if self.dsn is not None:
+            import psycopg
+
+            with psycopg.connect(self.dsn, autocommit=True) as pg:
+                pg.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+def _leased_now(where: _CrawlDB) -> int:
+    if not where.exists():
         return 0
-    con = sqlite3.connect(db, timeout=30)
     try:
-        return con.execute("SELECT count(*) FROM urls WHERE state = 'leased'").fetchone()[0]
-    except sqlite3.DatabaseError:
+        with where.connect() as con:
+            return int(
+                con.execute("SELECT count(*) FROM urls WHERE state = 'leased'").fetchone()[0]
+            )
+    except Exception:  # not created yet (either engine): nothing leased
         return 0
-    finally:
-        con.close()
 
 
-def idem_crawl_command(seed_url: str, db: str, concurrency: int) -> list[str]:
-    """The shop crawl the kill test runs: no delay, all slots on the one host (reused by tests)."""
+def idem_crawl_command(
+    seed_url: str, db: str, concurrency: int, warc_dir: str | None = None
+) -> list[str]:
+    """The shop crawl the kill test runs: no delay, all slots on the one host (reused by tests).
+    ``warc_dir``: where the archive goes when ``db`` is not a file (PostgreSQL)."""
     return [
         sys.executable,
         "-m",
@@ -233,7 +298,7 @@ def idem_crawl_command(seed_url: str, db: str, concurrency: int) -> list[str]:
         "--allow-private",
         "127.0.0.1",
         "--quiet",
-    ]
+    ] + (["--warc-dir", warc_dir] if warc_dir is not None else [])
 
 
 def _naive_cmd(seed_url: str, db: str) -> list[str]:
@@ -246,7 +311,8 @@ def _one_run(
     rng = random.Random(f"{opts.seed}:{run}:{crawler}")
     latency = NAIVE_LATENCY_MS if crawler == "naive" else opts.idem_latency()
     shop = ShopConfig(opts.listings, opts.per_page, latency)
-    db = os.path.join(workdir, f"{crawler}-{run}.db")
+    where = _CrawlDB.make(opts, workdir, f"{crawler}-{run}")
+    db = where.db
     res = RunResult(crawler, run)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with ShopServer(shop) as server:
@@ -257,7 +323,9 @@ def _one_run(
             cmd = (
                 _naive_cmd(server.seed_url, db)
                 if crawler == "naive"
-                else idem_crawl_command(server.seed_url, db, conc)
+                else idem_crawl_command(
+                    server.seed_url, db, conc, where.warc_dir if where.dsn else None
+                )
             )
             res.concurrencies.append(conc)
             before = int(server.stats()["total"])  # type: ignore[call-overload]
@@ -291,7 +359,7 @@ def _one_run(
                 _kill_group(proc)
                 res.kills_landed += 1
                 if crawler != "naive":
-                    res.in_flight_at_kills.append(_leased_now(db))
+                    res.in_flight_at_kills.append(_leased_now(where))
             else:
                 proc.wait()
         res.wall_s = time.monotonic() - t0
@@ -299,7 +367,10 @@ def _one_run(
     paths: dict[str, int] = stats["paths"]  # type: ignore[assignment]
     res.requests = int(stats["total"])  # type: ignore[call-overload]
     res.repeated = sum(n - 1 for n in paths.values() if n > 1)
-    _score(res, crawler, db, shop)
+    try:
+        _score(res, crawler, where, shop)
+    finally:
+        where.drop()
     if crawler != "naive":
         bound = sum(res.in_flight_at_kills)
         if res.repeated > bound:
@@ -311,10 +382,9 @@ def _one_run(
     return res
 
 
-def _score(res: RunResult, crawler: str, db: str, shop: ShopConfig) -> None:
+def _score(res: RunResult, crawler: str, where: _CrawlDB, shop: ShopConfig) -> None:
     expected = expected_products(shop)
-    con = sqlite3.connect(db, timeout=30)
-    try:
+    with where.connect() as con:
         if crawler == "naive":
             rows = con.execute("SELECT sku, price FROM products").fetchall()
         else:
@@ -327,7 +397,7 @@ def _score(res: RunResult, crawler: str, db: str, shop: ShopConfig) -> None:
             )
             res.events = con.execute("SELECT count(*) FROM events").fetchone()[0]
             res.duplicate_event_keys = res.events - con.execute(
-                "SELECT count(*) FROM (SELECT DISTINCT url_id, url_version FROM events)"
+                "SELECT count(*) FROM (SELECT DISTINCT url_id, url_version FROM events) AS k"
             ).fetchone()[0]
             res.completed_versions = con.execute(
                 "SELECT count(*) FROM urls WHERE kind = 'page' AND state = 'done'"
@@ -336,10 +406,8 @@ def _score(res: RunResult, crawler: str, db: str, shop: ShopConfig) -> None:
                 "SELECT warc_file, warc_offset, warc_length, payload_digest FROM urls "
                 "WHERE warc_file IS NOT NULL"
             ).fetchall()
-    finally:
-        con.close()
     if crawler != "naive":
-        _check_archive(res, db + ".warc", pointers)
+        _check_archive(res, where.warc_dir, pointers)
     res.rows = len(rows)
     res.correct = sum(1 for sku, price in rows if expected.get(sku) == price)
     res.distinct = len({sku for sku, _ in rows})

@@ -98,6 +98,12 @@ def add_parsers(sub: Any) -> None:
     k.add_argument("--listings", type=positive, default=25)
     k.add_argument("--per-page", type=positive, default=20)
     k.add_argument("--skip-naive", action="store_true")
+    k.add_argument(
+        "--db",
+        default="sqlite",
+        help="idemcrawl's database: 'sqlite' (a file per run, the default) or a postgresql:// "
+        "URL (a fresh schema per run, dropped after scoring)",
+    )
     k.add_argument("--json", action="store_true")
 
     b = sub.add_parser("bench", help="benchmarks that report figures (not tests)")
@@ -268,19 +274,23 @@ def cmd_chaos(a: argparse.Namespace) -> int:
 
     if a.min_s > a.max_s:
         raise UsageError("--min must not exceed --max")
-    opts = ChaosOptions(
-        runs=max(1, a.runs),
-        kills=a.kills,
-        min_s=a.min_s,
-        max_s=a.max_s,
-        seed=a.seed,
-        concurrency=max(1, a.concurrency),
-        vary_concurrency=a.vary_concurrency,
-        latency_ms=a.latency_ms,
-        listings=max(1, a.listings),
-        per_page=max(1, a.per_page),
-        naive=not a.skip_naive,
-    )
+    try:
+        opts = ChaosOptions(
+            runs=max(1, a.runs),
+            kills=a.kills,
+            min_s=a.min_s,
+            max_s=a.max_s,
+            seed=a.seed,
+            concurrency=max(1, a.concurrency),
+            vary_concurrency=a.vary_concurrency,
+            latency_ms=a.latency_ms,
+            listings=max(1, a.listings),
+            per_page=max(1, a.per_page),
+            naive=not a.skip_naive,
+            db=a.db,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     report = run_chaos(opts, log=_stderr)
     print(json.dumps(report.as_dict(), sort_keys=True) if a.json else report.table())
     return 0 if report.ok else 1

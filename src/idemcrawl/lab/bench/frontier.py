@@ -153,6 +153,30 @@ def _bytes_on_disk(where: _Database, frontier: Frontier) -> int:
     return 0
 
 
+def _relation_bytes(where: _Database, frontier: Frontier) -> list[tuple[str, str, int]]:
+    """(table, relation, bytes) for every table and index of the crawl, largest first: where a
+    URL's bytes go (its heap row, each index, the lease log, records, events).
+
+    SQLite: the ``dbstat`` table (pages of each b-tree; the WAL is not in it). PostgreSQL: each
+    relation's size (a table with its TOAST data, each index on its own). The memory backend
+    has no disk: nothing."""
+    if where.backend == "sqlite":
+        con = sqlite3.connect(where.target)
+        try:
+            rows = con.execute(
+                "SELECT d.name, COALESCE(m.tbl_name, d.name), SUM(d.pgsize) FROM dbstat d "
+                "LEFT JOIN sqlite_schema m ON m.name = d.name GROUP BY d.name"
+            ).fetchall()
+        finally:
+            con.close()
+        out = [(tbl, name, int(n)) for name, tbl, n in rows]
+    elif where.backend == "postgresql":
+        out = frontier.relation_bytes()  # type: ignore[attr-defined]
+    else:
+        return []
+    return sorted(out, key=lambda r: (-r[2], r[1]))
+
+
 # -- one client process's loop ----------------------------------------------------------------
 
 
@@ -511,6 +535,7 @@ def run_frontier_bench(
             aux_s = phase.aux_cpu_s()
             known = sum(frontier.stats().urls_by_state.values())
             on_disk = _bytes_on_disk(where, frontier)
+            relations = _relation_bytes(where, frontier)
             counted = _count_calls(frontier, where.backend, opts) if opts.counted_calls else None
         finally:
             if server is not None:
@@ -537,6 +562,7 @@ def run_frontier_bench(
         known_urls=known,
         bytes_on_disk=on_disk,
         bytes_per_url=on_disk / known if known else 0.0,
+        relations=relations,
         peak_rss_mb=max([rss_mb] + [f.peak_rss_mb for f in figures]),
         wall_s=wall,
         processes=opts.processes,

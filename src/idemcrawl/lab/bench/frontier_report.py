@@ -172,9 +172,26 @@ class FrontierBenchReport:
     aggregate_completions_per_s: float = 0.0
     cost: DbCost = field(default_factory=DbCost)
     per_process: list[ProcessFigures] = field(default_factory=list)
+    #: (table, relation, bytes) of every table and index, largest first (deliverable: where a
+    #: URL's bytes go).
+    relations: list[tuple[str, str, int]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def relation_lines(self, top: int = 12) -> list[str]:
+        """The largest tables and indexes in bytes per known URL (the rest summed)."""
+        if not self.relations or not self.known_urls:
+            return []
+        n = self.known_urls
+        lines = ["  bytes per known URL by table and index:"]
+        for table, name, size in self.relations[:top]:
+            what = name if name == table else f"{table}.{name}"
+            lines.append(f"    {size / n:>8,.1f}  {what}")
+        rest = sum(size for _, _, size in self.relations[top:])
+        if rest:
+            lines.append(f"    {rest / n:>8,.1f}  ({len(self.relations) - top} smaller ones)")
+        return lines
 
     def text(self) -> str:
         procs = f"{self.processes} process" + ("es" if self.processes != 1 else "")
@@ -195,6 +212,7 @@ class FrontierBenchReport:
             f"({self.known_urls} URLs, {self.bytes_on_disk / 1e6:,.1f} MB)",
             f"  peak RSS         {self.peak_rss_mb:,.0f} MB; wall {self.wall_s:.1f} s",
         ]
+        lines[-1:-1] = self.relation_lines()
         if self.processes > 1:
             lines.append(
                 "  process  share  grants/s  completions/s  empty leases  server ms/1k grants"
