@@ -74,3 +74,35 @@ def test_reopen_keeps_state(tmp_path: Path) -> None:
     g = SQLiteFrontier(path)
     assert g.stats().urls_by_state["queued"] == 1
     g.close()
+
+
+def test_a_version_4_crawl_migrates_and_keeps_counting_its_hosts(tmp_path: Path) -> None:
+    """Version 5 drops the per-row insert trigger; the insert counts its hosts itself (I6)."""
+    from idemcrawl.frontier.base import HostPolicy, NewURL
+    from idemcrawl.frontier.sqlite import MIGRATIONS
+
+    path = tmp_path / "v4.db"
+    con = sqlite3.connect(path)
+    for script in MIGRATIONS[:4]:
+        con.executescript(script)
+    con.execute("PRAGMA user_version=4")
+    con.execute(
+        "INSERT INTO urls(url, host_key, state) VALUES ('http://a/1', 'http://a', 'queued')"
+    )
+    con.commit()
+    assert con.execute("SELECT queued FROM hosts").fetchone() == (1,)  # the old trigger
+    con.close()
+    f = SQLiteFrontier(str(path))
+    try:
+        triggers = f._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
+        ).fetchall()
+        assert triggers == [("urls_state",)]
+        new = [NewURL(f"http://a/{i}", "http://a") for i in range(5)]
+        new += [NewURL("http://b/x", "http://b", state="rejected", reason="trap")]
+        assert f.add(new, 1.0) == 5  # http://a/1 was there
+        assert len(f.lease("w", 1, 2.0, 30, HostPolicy(delay=0.0))) == 1
+        rows = {h["host_key"]: (h["queued"], h["in_flight"]) for h in f.host_rows()}
+        assert rows == {"http://a": (4, 1), "http://b": (0, 0)}
+    finally:
+        f.close()

@@ -242,5 +242,8 @@ CREATE TABLE cookies (
     PRIMARY KEY (domain, path, name)
 )""",
     ),
+    # 5: SQLite dropped its per-row insert trigger (its inserts count their hosts themselves);
+    # the statement-level triggers here already do one write per host per statement.
+    ("COMMENT ON TRIGGER urls_insert ON urls IS 'hosts.queued/in_flight of inserted URLs (I6)'",),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

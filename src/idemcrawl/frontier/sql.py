@@ -22,7 +22,6 @@ from .sql_dialect import (
     FINISH,
     HOST_COLS,
     INSERT_EVENT,
-    INSERT_URL,
     LEASE_LOG,
     PICK_COLS,
     PICK_URLS,
@@ -266,12 +265,19 @@ class SQLStore:
     # -- completion and failure ----------------------------------------------------------------
 
     def finish(self, completions: Sequence[Completion]) -> list[bool]:
-        out = []
-        for c in completions:
-            ls = c.lease
-            self._x(FINISH, (*done_values(c), ls.url_id, ls.version, ls.token))
-            out.append(self.cur.rowcount == 1)
-        return out
+        """The lease fence for the whole batch in one read, then one batched update of the
+        live ones (the update keeps the fence in its WHERE too). Atomic: the transaction
+        holds the write lock (SQLite) from the read on."""
+        live = self.live_leases([c.lease for c in completions])
+        self._xm(
+            FINISH,
+            [
+                (*done_values(c), c.lease.url_id, c.lease.version, c.lease.token)
+                for c, ok in zip(completions, live, strict=True)
+                if ok
+            ],
+        )
+        return live
 
     def live_leases(self, leases: Sequence[Lease]) -> list[bool]:
         live: dict[int, tuple[int, int]] = {}
@@ -288,7 +294,41 @@ class SQLStore:
         self._xm(f"UPDATE urls SET {FAIL_SET} WHERE {FENCE}", rows)
 
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
-        return self._xm(INSERT_URL, [url_values(u, now) for u in urls])
+        """Insert-if-absent, then count the new URLs into their hosts (I6), once per host.
+
+        Multi-row inserts whose ``RETURNING`` names the rows actually inserted (the ignored
+        duplicates return nothing); PostgreSQL's ``PgStore`` has its own, counted by statement
+        triggers.
+        """
+        if not urls:
+            return 0
+        per_host: dict[str, list[int]] = {}
+        inserted = 0
+        width = 10
+        step = max(1, self.dialect.max_params // width)
+        for i in range(0, len(urls), step):
+            chunk = urls[i : i + step]
+            marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+            rows = self.cur.execute(
+                "INSERT OR IGNORE INTO urls(url, host_key, state, reason, priority, depth, "
+                f"due_at, discovered_at, kind, hops) VALUES {marks} RETURNING host_key, state",
+                [v for u in chunk for v in url_values(u, now)],
+            ).fetchall()
+            inserted += len(rows)
+            for host_key, state in rows:
+                counts = per_host.setdefault(host_key, [0, 0])
+                counts[0] += state == "queued"
+                counts[1] += state == "leased"
+        if per_host:
+            hosts = sorted(per_host)
+            self._xm("INSERT OR IGNORE INTO hosts(host_key) VALUES (?)", [(h,) for h in hosts])
+            self._xm(
+                "UPDATE hosts SET queued = queued + ?, in_flight = in_flight + ? "
+                "WHERE host_key = ?",
+                [(*per_host[h], h) for h in hosts if per_host[h] != [0, 0]],
+            )
+        return inserted
+
 
     def insert_requests(self, rows: Sequence[tuple[str, RequestSpec]]) -> None:
         self._xm(

@@ -112,10 +112,6 @@ PICK_URLS = (
     "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT ? FOR UPDATE SKIP LOCKED"
 )
 
-INSERT_URL = (
-    "INSERT INTO urls(url, host_key, state, reason, priority, depth, due_at, discovered_at, "
-    "kind, hops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
 UPSERT_RECORD = (
     "INSERT INTO records(record_id, source, key, url, data, content_hash, first_seen, "
     "last_changed) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
@@ -140,5 +136,5 @@ LEASE_LOG = (
 
 
 def url_values(u: NewURL, now: float) -> tuple[Any, ...]:
-    """``INSERT_URL`` parameters of one new URL."""
+    """The ``urls`` values of one new URL, in ``SQLStore.insert_urls``' column order."""
     return (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
