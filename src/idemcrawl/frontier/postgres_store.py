@@ -1,0 +1,316 @@
+"""The PostgreSQL frontier's store: ``sql.SQLStore`` in the PostgreSQL dialect, with the
+operations PostgreSQL does set-based.
+
+Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
+10 statements in 8 round trips and a completion batch 9 in 8, whatever their size (issue 14):
+URL inserts, level 2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced
+completion update, host updates, record upserts and events. Arrays are bound in binary. The
+connection, transactions and retries are ``postgres.py``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .base import Completion, NewURL
+from .sql import SQLStore
+from .sql_dialect import PICK_COLS, POSTGRES
+from .store import DONE_COLUMNS, PICK_COLUMNS, Grant, PickRow, done_values
+
+if TYPE_CHECKING:
+    from psycopg import Cursor
+
+#: Serialises the event-inserting tail of completion transactions, so event ids are handed out
+#: in commit order and a reader's ``event_id > cursor`` never skips a late-committing event.
+_EVENTS_LOCK = 0x1DEC0E7E
+
+_INSERT_URLS = (
+    "INSERT INTO urls (url, host_key, state, reason, priority, depth, due_at, discovered_at, "
+    "kind, hops) SELECT u, h, s, r, p, d, %s, %s, k, n "
+    "FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], "
+    "%b::text[], %b::int[]) AS l(u, h, s, r, p, d, k, n) "
+    "ON CONFLICT (url) DO NOTHING"
+)
+
+#: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
+#: skipping rows another leaser holds (one statement per host took 257 round trips per lease
+#: call). The outer ORDER BY keeps each host's rows in pick order.
+_PICK_URLS = (
+    f"SELECT w.host_key, {', '.join('p.' + c for c in PICK_COLUMNS)} "
+    "FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY AS w(host_key, n, ord) "
+    f"CROSS JOIN LATERAL (SELECT {PICK_COLS}, priority FROM urls "
+    "WHERE urls.host_key = w.host_key AND state = 'queued' AND due_at <= %s "
+    "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT w.n FOR UPDATE SKIP LOCKED) AS p "
+    "ORDER BY w.ord, p.priority DESC, p.due_at"
+)
+
+#: Column types of the fenced completion update's unnest (DONE_COLUMNS order).
+_DONE_TYPES = {
+    "status_code": "int",
+    "fetched_at": "float8",
+    "content_hash": "text",
+    "body_bytes": "bigint",
+    "last_error": "text",
+    "etag": "text",
+    "last_modified": "text",
+    "next_fetch_at": "float8",
+    "revisit_interval": "float8",
+    "warc_file": "text",
+    "warc_offset": "bigint",
+    "warc_length": "bigint",
+    "payload_digest": "text",
+    "simhash": "bigint",
+    "near_dup_of": "bigint",
+    "canonical_hint": "text",
+    "redirect_to": "text",
+    "stored_file": "text",
+}
+_DONE_CAST: dict[str, Callable[[Any], Any]] = {
+    col: {"int": int, "bigint": int, "float8": float, "text": str}[t]
+    for col, t in _DONE_TYPES.items()
+}
+_DONE_SQL = (
+    "UPDATE urls AS u SET state = 'done', attempts = 0, lease_owner = NULL, "
+    "lease_token = NULL, lease_expires_at = NULL, "
+    + ", ".join(
+        f"{col} = COALESCE(c.{col}, u.{col})" if keep else f"{col} = c.{col}"
+        for col, keep in DONE_COLUMNS
+    )
+    + " FROM unnest(%b::bigint[], %b::int[], %b::bigint[], "
+    + ", ".join(f"%b::{_DONE_TYPES[col]}[]" for col, _ in DONE_COLUMNS)
+    + ") AS c(url_id, version, token, "
+    + ", ".join(col for col, _ in DONE_COLUMNS)
+    + ") WHERE u.url_id = c.url_id AND u.state = 'leased' AND u.version = c.version "
+    "AND u.lease_token = c.token RETURNING c.url_id, c.version, c.token"
+)
+
+
+#: PostgreSQL types of the host columns ``update_hosts`` may set (``HOST_COLUMNS``).
+_HOST_TYPES = {
+    "next_allowed_at": "float8", "in_flight": "int", "queued": "int", "max_in_flight": "int",
+    "delay": "float8", "backoff_until": "float8", "error_streak": "int", "latency_ewma": "float8",
+    "paused": "int", "pause_reason": "text", "robots_state": "text", "robots_body": "bytea",
+    "robots_fetched_at": "float8", "robots_expires_at": "float8", "crawl_delay": "float8",
+    "budget_day": "text", "budget_used": "int", "robots_meta": "text", "robots_failures": "int",
+    "backoff_reason": "text", "budget": "int",
+}  # fmt: skip
+_RECORD_TYPES = ("text", "text", "text", "text", "text", "text", "float8", "float8")
+_EVENT_TYPES = (
+    "bigint", "int", "text", "int", "float8", "text", "int", "int", "text", "bigint", "bigint",
+    "text", "float8",
+)  # fmt: skip
+#: How a Python value becomes an element of a typed array parameter (one array holds one type:
+#: an int among floats would otherwise make psycopg pick the wrong element type).
+_CASTS: dict[str, Callable[[Any], Any]] = {
+    "int": int, "bigint": int, "float8": float, "text": str, "bytea": bytes,
+}  # fmt: skip
+
+
+def _columns(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> list[list[Any]]:
+    """Rows turned into one typed list per column, for ``unnest`` of array parameters."""
+    return [[None if r[i] is None else _CASTS[t](r[i]) for r in rows] for i, t in enumerate(types)]
+
+
+def _arrays(types: Sequence[str]) -> str:
+    return ", ".join(f"%b::{t}[]" for t in types)
+
+
+#: Set-based twins of ``sql_dialect.UPSERT_RECORD`` and ``INSERT_EVENT``: one statement for a
+#: completion batch instead of one per page (events in batch order: ids follow it).
+_UPSERT_RECORDS = (
+    "INSERT INTO records (record_id, source, key, url, data, content_hash, first_seen, "
+    f"last_changed) SELECT * FROM unnest({_arrays(_RECORD_TYPES)}) "
+    "ON CONFLICT (record_id) DO UPDATE SET data = excluded.data, "
+    "content_hash = excluded.content_hash, last_changed = excluded.last_changed, "
+    "url = excluded.url WHERE records.content_hash IS DISTINCT FROM excluded.content_hash"
+)
+_INSERT_EVENTS = (
+    "INSERT INTO events (url_id, url_version, url, status, fetched_at, content_hash, records, "
+    "links, warc_file, warc_offset, warc_length, payload_digest, created_at) "
+    "SELECT u, v, l, s, f, c, r, k, wf, wo, wl, pd, ca "
+    f"FROM unnest({_arrays(_EVENT_TYPES)}) WITH ORDINALITY "
+    "AS e(u, v, l, s, f, c, r, k, wf, wo, wl, pd, ca, n) ORDER BY e.n "
+    "ON CONFLICT (url_id, url_version) DO NOTHING"
+)
+
+
+class PgStore(SQLStore):
+    """``sql.SQLStore`` in the PostgreSQL dialect, with its set-based statements."""
+
+    def __init__(self, cur: Cursor[Any], pipelines: bool) -> None:
+        super().__init__(cur, POSTGRES)
+        self._pipelines = pipelines
+
+    def _pipeline(self) -> contextlib.AbstractContextManager[Any]:
+        """Statements whose results are not needed go out in one round trip (libpq 14+;
+        with an older libpq the same statements simply run one by one)."""
+        if self._pipelines:
+            return self.cur.connection.pipeline()
+        return contextlib.nullcontext()
+
+    def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
+        """Insert-if-absent in one statement; returns how many were new."""
+        if not urls:
+            return 0
+        self.cur.execute(
+            _INSERT_URLS,
+            (
+                float(now),
+                float(now),
+                [u.url for u in urls],
+                [u.host_key for u in urls],
+                [u.state for u in urls],
+                [u.reason for u in urls],
+                [int(u.priority) for u in urls],
+                [int(u.depth) for u in urls],
+                [u.kind for u in urls],
+                [int(u.hops) for u in urls],
+            ),
+        )
+        return max(self.cur.rowcount, 0)
+
+    def pick_urls(
+        self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
+    ) -> dict[str, list[PickRow]]:
+        """All hosts' picks in one statement (``_PICK_URLS``); rows picked in an earlier round
+        of this lease call are asked for again and dropped here, as ``SQLStore`` does."""
+        out: dict[str, list[PickRow]] = {key: [] for key, _, _ in wants}
+        if not wants:
+            return out
+        rows = self.cur.execute(
+            _PICK_URLS,
+            ([k for k, _, _ in wants], [n + len(ex) for _, n, ex in wants], float(now)),
+        ).fetchall()
+        limits = {key: (n, set(ex)) for key, n, ex in wants}
+        for r in rows:
+            key = r[0]
+            n, skip = limits[key]
+            picked = out[key]
+            if len(picked) < n and r[1] not in skip:
+                picked.append(tuple(r[1:]))
+        return out
+
+    def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
+        leases = [(g, i, ls) for g in grants for i, ls in enumerate(g.leases)]
+        cur = self.cur
+        with self._pipeline():
+            cur.execute(
+                "UPDATE urls AS u SET state = 'leased', lease_owner = %s, "
+                "lease_token = g.token, lease_expires_at = %s, leased_at = %s "
+                "FROM unnest(%b::bigint[], %b::bigint[]) AS g(url_id, token) "
+                "WHERE u.url_id = g.url_id",
+                (owner, expires, now, [ls.url_id for _, _, ls in leases],
+                 [ls.token for _, _, ls in leases]),
+            )  # fmt: skip
+            cur.execute(
+                "INSERT INTO lease_log (host_key, url_id, kind, granted_at, eligible_at, "
+                "min_gap, allowance, in_flight_before) "
+                "SELECT g.host_key, g.url_id, g.kind, g.granted_at, g.eligible_at, g.min_gap, "
+                "g.allowance, g.in_flight FROM unnest(%b::float8[], %b::text[], %b::bigint[], "
+                "%b::text[], %b::float8[], %b::float8[], %b::int[], %b::int[]) WITH ORDINALITY "
+                "AS g(granted_at, host_key, url_id, kind, eligible_at, min_gap, allowance, "
+                "in_flight, n) ORDER BY g.n",
+                (
+                    [float(ls.start_at or now) for _, _, ls in leases],
+                    [g.host_key for g, _, _ in leases],
+                    [ls.url_id for _, _, ls in leases],
+                    [ls.kind for _, _, ls in leases],
+                    [float(ls.due_at) for _, _, ls in leases],
+                    [float(g.min_gap) for g, _, _ in leases],
+                    [g.allowance for g, _, _ in leases],
+                    [g.in_flight + i for g, i, _ in leases],
+                ),
+            )
+            cur.execute(
+                "UPDATE hosts AS h SET next_allowed_at = g.next_allowed_at, "
+                "budget_used = g.used, budget_day = g.day "
+                "FROM unnest(%b::text[], %b::float8[], %b::int[], %b::text[]) "
+                "AS g(host_key, next_allowed_at, used, day) WHERE h.host_key = g.host_key",
+                (
+                    [g.host_key for g in grants],
+                    [float(g.next_allowed_at) for g in grants],
+                    [g.budget_used for g in grants],
+                    [g.budget_day for g in grants],
+                ),
+            )
+
+    def finish(self, completions: Sequence[Completion]) -> list[bool]:
+        """The lease fence for the whole batch in one statement. Within a batch only the first
+        of identical leases can be accepted (as one by one, the second would find it done)."""
+        first: dict[tuple[int, int, int], int] = {}
+        for i, c in enumerate(completions):
+            first.setdefault((c.lease.url_id, c.lease.version, c.lease.token), i)
+        fenced = [completions[i] for i in first.values()]
+        values = [done_values(c) for c in fenced]
+        columns = [
+            [None if v[i] is None else _DONE_CAST[col](v[i]) for v in values]
+            for i, (col, _) in enumerate(DONE_COLUMNS)
+        ]
+        done = self.cur.execute(
+            _DONE_SQL,
+            (
+                [c.lease.url_id for c in fenced],
+                [c.lease.version for c in fenced],
+                [c.lease.token for c in fenced],
+                *columns,
+            ),
+        ).fetchall()
+        ok_keys = {(int(r[0]), int(r[1]), int(r[2])) for r in done}
+        keys = [(c.lease.url_id, c.lease.version, c.lease.token) for c in completions]
+        return [first[key] == i and key in ok_keys for i, key in enumerate(keys)]
+
+    def update_hosts(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """All hosts' new values in one statement. Rows naming a host twice keep the one by
+        one semantics (the last wins) by running one by one, as an UPDATE … FROM would apply
+        an arbitrary one of them."""
+        keys = [r[-1] for r in rows]
+        if len(rows) < 2 or len(set(keys)) < len(keys):
+            super().update_hosts(columns, rows)
+            return
+        if not set(columns) <= set(_HOST_TYPES):
+            raise ValueError(f"not host columns: {columns}")
+        types = [_HOST_TYPES[c] for c in columns] + ["text"]
+        names = [f"c{i}" for i in range(len(columns))]
+        sets = ", ".join(f"{c} = v.{n}" for c, n in zip(columns, names, strict=True))
+        self.cur.execute(
+            f"UPDATE hosts AS h SET {sets} FROM unnest({_arrays(types)}) "
+            f"AS v({', '.join(names)}, host_key) WHERE h.host_key = v.host_key",
+            _columns(rows, types),
+        )
+
+    def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """One statement per batch; a batch writing one record twice runs row by row (one
+        upsert statement cannot change a row twice, and the order of the writes matters)."""
+        if len(rows) < 2 or len({r[0] for r in rows}) < len(rows):
+            super().upsert_records(rows)
+            return
+        self.cur.execute(_UPSERT_RECORDS, _columns(rows, _RECORD_TYPES))
+
+    def insert_events(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        # Last in the transaction and held to COMMIT: ids are handed out in commit order.
+        with self._pipeline():
+            self.cur.execute("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK,))
+            self.cur.execute(_INSERT_EVENTS, _columns(rows, _EVENT_TYPES))
+
+    def precommit(self) -> str | None:
+        """Write the counters (name order, one statement) and return the transaction id.
+
+        The id is None when the transaction wrote nothing: running it again is then harmless.
+        The outer query reads the id only after its FROM has run the counter insert, so the
+        insert has already assigned one.
+        """
+        if self.bumps:
+            names = sorted(self.bumps)
+            row = self.cur.execute(
+                "WITH b AS (INSERT INTO counters (name, value) "
+                "SELECT * FROM unnest(%b::text[], %b::bigint[]) "
+                "ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value "
+                "RETURNING 1) "
+                "SELECT pg_current_xact_id_if_assigned()::text FROM (SELECT count(*) FROM b) AS n",
+                (names, [self.bumps[n] for n in names]),
+            ).fetchone()
+        else:
+            row = self.cur.execute("SELECT pg_current_xact_id_if_assigned()::text").fetchone()
+        return None if row is None else row[0]
