@@ -37,13 +37,13 @@ T = TypeVar("T")
 RECENT_BODIES = 4096
 
 
-
 def _request_of(lease: Lease) -> dict[str, Any]:
     """The request's method and body for the WARC request record (a plain GET: nothing)."""
     spec = lease.request
     if spec is None:
         return {}
     return {"method": spec.method, "request_body": spec.body or b""}
+
 
 class ArchiveFailed(Exception):
     """The store refused a write; the crawl is stopping, and this page must not commit."""
@@ -136,9 +136,10 @@ class Archiver:
             first = found.get(body_digest)
         if first is not None:
             ref = WarcPointer(first[0], first[1], first[2], body_digest)
-            await self._revisit(
-                store, lease, res, "identical-payload-digest", ref, first[3], body_digest, dom
-            )
+            await self._write_revisit(
+                store, lease.fetch_url, res, "identical-payload-digest", ref, first[3],
+                body_digest, rendered=dom, **_request_of(lease),
+            )  # fmt: skip
             # The URL points at the full copy, so reparse and readers get the body.
             return Archived(ref.file, ref.offset, ref.length, body_digest, stored=False)
         metadata = {
@@ -164,14 +165,14 @@ class Archiver:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writing[body_digest] = done
         try:
-            ptr = await self._exchange(store, lease, res, metadata, dom)
+            ptr = await self._write_exchange(
+                store, lease.fetch_url, res, metadata, rendered=dom, **_request_of(lease)
+            )
         finally:
             del self._writing[body_digest]
             done.set_result(None)
         self._bodies.add(body_digest)
-        self._recent[body_digest] = (ptr.file, ptr.offset, ptr.length, lease.url)
-        if len(self._recent) > RECENT_BODIES:
-            self._recent.popitem(last=False)
+        self._remember(body_digest, ptr, lease.url)
         return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
 
     async def robots_hop(self, url: str, hop: int, res: FetchResult) -> Archived:
@@ -181,95 +182,84 @@ class Archiver:
         if store is None:
             return Archived()
         metadata = {"robots_txt": True, "hop": hop, "status": res.status}
-        ptr = await self._store(
-            partial(
-                store.write_exchange,
-                url=url,
-                fetched_at=self._clock.time() - res.elapsed,
-                request_headers=res.request_headers,
-                status=res.status,
-                reason=res.reason,
-                http_version=res.http_version,
-                response_headers=res.raw_headers,
-                body=res.body,
-                ip=res.ip,
-                metadata=metadata,
-                truncated=res.cut_reason,
-                decoded=not any("not decoded" in n for n in res.notes),
-            )
-        )
+        ptr = await self._write_exchange(store, url, res, metadata)
         return Archived(ptr.file, ptr.offset, ptr.length, ptr.payload_digest, stored=False)
 
     async def not_modified(self, lease: Lease, res: FetchResult) -> None:
         """A 304 (R13) is archived as a revisit record without a body."""
         store = self.store
         if store is not None:
-            await self._revisit(store, lease, res, "server-not-modified", None, lease.url, None)
+            await self._write_revisit(
+                store, lease.fetch_url, res, "server-not-modified", None, lease.url, None,
+                **_request_of(lease),
+            )  # fmt: skip
 
     async def keep_file(self, body: bytes, suffix: str) -> str:
         """A download kept under ``files/`` by content hash (on the store's thread)."""
         return await self._store(partial(store_download, self._directory, body, suffix))
 
-    async def _revisit(
+    def _exchange_fields(self, res: FetchResult) -> dict[str, Any]:
+        """What every record of ``res`` says of the exchange (WARC-Date: when it was sent)."""
+        return {
+            "fetched_at": self._clock.time() - res.elapsed,
+            "request_headers": res.request_headers,
+            "status": res.status,
+            "reason": res.reason,
+            "http_version": res.http_version,
+            "response_headers": res.raw_headers,
+            "ip": res.ip,
+        }
+
+    async def _write_exchange(
+        self, store: WarcStore, url: str, res: FetchResult, metadata: dict[str, Any], **extra: Any
+    ) -> WarcPointer:
+        """Request + response + metadata of ``res`` (``extra``: the request's method and body,
+        the rendered DOM)."""
+        return await self._store(
+            partial(
+                store.write_exchange,
+                url=url,
+                **self._exchange_fields(res),
+                body=res.body,
+                metadata=metadata,
+                truncated=res.cut_reason,
+                # An encoding the fetcher could not decode is archived as received.
+                decoded=not any("not decoded" in n for n in res.notes),
+                **extra,
+            )
+        )
+
+    async def _write_revisit(
         self,
         store: WarcStore,
-        lease: Lease,
+        url: str,
         res: FetchResult,
         profile: str,
         refers_to: WarcPointer | None,
         refers_to_uri: str | None,
         digest: str | None,
-        rendered: str | None = None,
+        **extra: Any,
     ) -> WarcPointer:
+        """Request + revisit of ``res`` (``extra`` as for :meth:`_write_exchange`)."""
         return await self._store(
             partial(
                 store.write_revisit,
-                rendered=rendered,
-                url=lease.fetch_url,
-                **_request_of(lease),
-                fetched_at=self._clock.time() - res.elapsed,  # WARC-Date: request sent
-                request_headers=res.request_headers,
-                status=res.status,
-                reason=res.reason,
-                http_version=res.http_version,
-                response_headers=res.raw_headers,
+                url=url,
+                **self._exchange_fields(res),
                 profile=profile,
                 refers_to=refers_to,
                 refers_to_uri=refers_to_uri,
                 refers_to_date=None,
                 payload_digest=digest,
-                ip=res.ip,
+                **extra,
             )
         )
 
-    async def _exchange(
-        self,
-        store: WarcStore,
-        lease: Lease,
-        res: FetchResult,
-        metadata: dict[str, Any],
-        rendered: str | None = None,
-    ) -> WarcPointer:
-        return await self._store(
-            partial(
-                store.write_exchange,
-                rendered=rendered,
-                url=lease.fetch_url,
-                **_request_of(lease),
-                fetched_at=self._clock.time() - res.elapsed,
-                request_headers=res.request_headers,
-                status=res.status,
-                reason=res.reason,
-                http_version=res.http_version,
-                response_headers=res.raw_headers,
-                body=res.body,
-                ip=res.ip,
-                metadata=metadata,
-                truncated=res.cut_reason,
-                # An encoding the fetcher could not decode is archived as received.
-                decoded=not any("not decoded" in n for n in res.notes),
-            )
-        )
+    def _remember(self, digest: str, ptr: WarcPointer, url: str) -> None:
+        """A body this process archived in full, for revisits before its page commits."""
+        self._recent[digest] = (ptr.file, ptr.offset, ptr.length, url)
+        if len(self._recent) > RECENT_BODIES:
+            self._recent.popitem(last=False)
 
     async def _rendered_exchanges(
         self, store: WarcStore, lease: Lease, rendered: RenderResult
@@ -282,49 +272,12 @@ class Archiver:
             assert res is not None
             digest = payload_digest(res.body)
             first = self._recent.get(digest)
-            fetched_at = self._clock.time() - res.elapsed
             if first is not None:
                 ref = WarcPointer(first[0], first[1], first[2], digest)
-                await self._store(
-                    partial(
-                        store.write_revisit,
-                        url=res.url,
-                        fetched_at=fetched_at,
-                        request_headers=res.request_headers,
-                        status=res.status,
-                        reason=res.reason,
-                        http_version=res.http_version,
-                        response_headers=res.raw_headers,
-                        profile="identical-payload-digest",
-                        refers_to=ref,
-                        refers_to_uri=first[3],
-                        refers_to_date=None,
-                        payload_digest=digest,
-                        ip=res.ip,
-                    )
+                await self._write_revisit(
+                    store, res.url, res, "identical-payload-digest", ref, first[3], digest
                 )
                 continue
-            ptr = await self._store(
-                partial(
-                    store.write_exchange,
-                    url=res.url,
-                    fetched_at=fetched_at,
-                    request_headers=res.request_headers,
-                    status=res.status,
-                    reason=res.reason,
-                    http_version=res.http_version,
-                    response_headers=res.raw_headers,
-                    body=res.body,
-                    ip=res.ip,
-                    metadata={
-                        "rendered_for": lease.url,
-                        "method": x.method,
-                        "type": x.resource_type,
-                    },
-                    truncated=res.cut_reason,
-                    decoded=not any("not decoded" in n for n in res.notes),
-                )
-            )
-            self._recent[digest] = (ptr.file, ptr.offset, ptr.length, res.url)
-            if len(self._recent) > RECENT_BODIES:
-                self._recent.popitem(last=False)
+            metadata = {"rendered_for": lease.url, "method": x.method, "type": x.resource_type}
+            ptr = await self._write_exchange(store, res.url, res, metadata)
+            self._remember(digest, ptr, res.url)
