@@ -1019,13 +1019,8 @@ class Parser:
         """A yielded :class:`Request`: checked, then the same discovery path as a link, its
         frontier key carrying method and body (``request_key``) and its spec stored with it."""
         spec = self.check_request(req)
-        try:
-            u = page.resolver.resolve(req.url)
-        except urls.InvalidURL:
-            _count(result.rejected, "invalid_url")
-            return
-        if not urls.in_scope(u, self.scope_hosts, self.scope):
-            _count(result.rejected, "out_of_scope")
+        u = self._in_scope(result, req.url, page.resolver.resolve)
+        if u is None:
             return
         key = request_key(u, req.method, req.body)
         self._accept(result, u, urls.host_key(u), depth, req.priority, PAGE, key, spec)
@@ -1036,13 +1031,9 @@ class Parser:
         browsers do; 307/308 repeat the method and body."""
         spec = job.request
         assert spec is not None
-        try:
-            target = urls.normalise(loc, job.url.partition("#")[0])
-        except urls.InvalidURL:
-            _count(result.rejected, "invalid_url")
-            return
-        if not urls.in_scope(target, self.scope_hosts, self.scope):
-            _count(result.rejected, "out_of_scope")
+        base = job.url.partition("#")[0]
+        target = self._in_scope(result, loc, lambda h: urls.normalise(h, base))
+        if target is None:
             return
         if job.status not in (307, 308) and spec.method not in ("GET", "HEAD"):
             body_headers = ("content-type", "content-encoding")
@@ -1118,15 +1109,23 @@ class Parser:
         kind: str,
     ) -> None:
         """The discovery path for every link: normalise, scope, trap checks (R9, R17)."""
+        u = self._in_scope(result, href, resolve)
+        if u is not None:
+            self._accept(result, u, urls.host_key(u), depth, prio, kind)
+
+    def _in_scope(
+        self, result: ParseResult, href: str, resolve: Callable[[str], str]
+    ) -> str | None:
+        """``href`` normalised, if it is a URL in the crawl's scope; else None, counted."""
         try:
             u = resolve(href)
         except urls.InvalidURL:
             _count(result.rejected, "invalid_url")
-            return
+            return None
         if not urls.in_scope(u, self.scope_hosts, self.scope):
             _count(result.rejected, "out_of_scope")
-            return
-        self._accept(result, u, urls.host_key(u), depth, prio, kind)
+            return None
+        return u
 
     def _accept(
         self,
