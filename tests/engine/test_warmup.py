@@ -74,3 +74,23 @@ def test_warmup_fills_everything_a_page_at_a_time(tmp_path: Path) -> None:
         assert gate.lookups_saved == 1  # whole now: a new link is known to be new
     finally:
         frontier.close()
+
+
+def test_a_saturated_gate_is_rebuilt_bigger_from_the_frontier(tmp_path: Path) -> None:
+    from idemcrawl.engine.clock import SystemClock
+    from idemcrawl.engine.gate import LinkGate
+
+    frontier = SQLiteFrontier(str(tmp_path / "f.db"))
+    try:
+        frontier.add([NewURL(f"{HOST}/k{i}", HOST) for i in range(30)], T0)
+        gate = DiscoveryGate(TrapLimits())
+        gate.bloom = BloomNegativeCache(10)  # saturates after 11 definitely-new links
+        link_gate = LinkGate(gate, frontier, inline, SystemClock())
+        fresh = [NewURL(f"{HOST}/new{i}", HOST) for i in range(20)]
+        asyncio.run(link_gate.filter(fresh))
+        rebuilt = link_gate.gate
+        assert rebuilt is not gate and rebuilt.bloom.expected_items >= 100_000
+        assert all(rebuilt.bloom.might_contain(f"{HOST}/k{i}") for i in range(30))
+        assert rebuilt.snapshot() == gate.snapshot()  # template counts carried over
+    finally:
+        frontier.close()

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from ..discovery import META_KEY, DiscoveryGate
 from ..frontier.base import Frontier, NewURL
 from ..traps import TrapLimits
 from .calls import Call
 from .clock import Clock
+from .warmup import CHUNK, fill_bloom
 
 #: Seconds between saves of the template counts (after a commit).
 SAVE_EVERY = 10.0
@@ -42,10 +44,6 @@ def load_gate(frontier: Frontier, limits: TrapLimits, *, warm: bool = True) -> D
     else:
         gate.bloom.warming = True
     return gate
-
-
-#: Rows per frontier read when a Bloom filter or index is filled from the frontier.
-CHUNK = 20_000
 
 
 def known_url_chunks(frontier: Frontier, chunk: int = CHUNK) -> Iterator[list[str]]:
@@ -85,10 +83,8 @@ class LinkGate:
         meanwhile, and the new one replaces it once whole."""
         old = self.gate
         gate = DiscoveryGate(old.limits, expected_urls=2 * old.bloom.expected_items)
-        after = 0
-        while rows := await self._call(self._frontier.known_urls, after, CHUNK):
-            after = rows[-1][0]
-            gate.bloom.add_many([u for _, u in rows])
+        read = partial(self._call, self._frontier.known_urls)
+        await fill_bloom(gate.bloom, read, 0, key=lambda row: row[0])
         gate.restore(self.gate.snapshot())
         self.gate = gate
 

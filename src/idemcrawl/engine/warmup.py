@@ -21,6 +21,7 @@ Fetching, parsing and committing go on meanwhile; only that one step of a page m
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from ..dedup import BloomNegativeCache
@@ -34,6 +35,39 @@ from .neardup import NearDuplicates
 CHUNK = 20_000
 #: Bloom filters start sized for this many keys (as before this module) and grow 4x at a time.
 MIN_BLOOM = 100_000
+
+
+def _first(row: tuple[Any, ...]) -> Any:
+    return row[0]
+
+
+async def fill_bloom(
+    bloom: BloomNegativeCache,
+    read: Callable[[Any, int], Awaitable[list[Any]]],
+    start: Any,
+    *,
+    key: Callable[[Any], Any] | None = None,
+    chunk: int = CHUNK,
+) -> int:
+    """Every key ``read(after, limit)`` pages through, into ``bloom``; then it may say "surely
+    not". Rows are keys, or ``(paging key, key)`` pairs with ``key`` giving the paging key. A
+    filter the rows outgrow is re-sized four times larger and filled again from the start.
+    Returns the rows read."""
+    total = 0
+    while True:
+        after, added, fits = start, 0, True
+        while rows := await read(after, chunk):
+            after = rows[-1] if key is None else key(rows[-1])
+            bloom.add_many(rows if key is None else [r[1] for r in rows])
+            added += len(rows)
+            total += len(rows)
+            if added > 1.1 * bloom.expected_items:
+                fits = False
+                break
+        if fits:
+            bloom.warming = False
+            return total
+        bloom.rebuild([], 4 * bloom.expected_items)
 
 
 class Warmup:
@@ -68,33 +102,11 @@ class Warmup:
             after = rows
         self.near.mark_ready()
         if self.bodies is not None:
-            await self._fill(self.bodies, lambda last, n: call(f.body_digests, last, n), "")
-        await self._fill(
-            self.gate.bloom, lambda last, n: call(f.known_urls, last, n), 0, key=lambda r: r[0]
+            read = partial(call, f.body_digests)
+            self.rows += await fill_bloom(self.bodies, read, "", chunk=self.chunk)
+        self.rows += await fill_bloom(
+            self.gate.bloom, partial(call, f.known_urls), 0, key=_first, chunk=self.chunk
         )
-
-    async def _fill(
-        self,
-        bloom: BloomNegativeCache,
-        read: Callable[[Any, int], Awaitable[list[Any]]],
-        start: Any,
-        key: Callable[[Any], Any] | None = None,
-    ) -> None:
-        """Every key ``read`` pages through, into ``bloom``; then it may say "surely not"."""
-        while True:
-            after, added, fits = start, 0, True
-            while rows := await read(after, self.chunk):
-                after = rows[-1] if key is None else key(rows[-1])
-                bloom.add_many(rows if key is None else [r[1] for r in rows])
-                added += len(rows)
-                self.rows += len(rows)
-                if added > 1.1 * bloom.expected_items:
-                    fits = False
-                    break
-            if fits:
-                bloom.warming = False
-                return
-            bloom.rebuild([], 4 * bloom.expected_items)
 
     def _load_simhashes(self, after: int) -> int:
         """One page into the index, on the frontier's thread; the last id read (0: done)."""
