@@ -30,6 +30,7 @@ from idemcrawl.frontier.base import (
     ROBOTS,
     Completion,
     Failure,
+    HostPolicy,
     Lease,
     NewURL,
 )
@@ -152,6 +153,33 @@ def test_a_page_becomes_a_completion_with_its_links_and_next_visit(
     assert out.warc_file is None  # WARC output off
     assert r.fetcher.calls == [(lease.url, None)]  # a first round: no conditional headers
     assert r.summary.fetched == 1 and r.summary.bytes == len(body)
+
+
+def test_links_known_to_be_committed_skip_the_frontier_but_still_count(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    add_pages(frontier, clock, 2)
+    a, b = lease_all(frontier, clock, 2)
+    body = html("/x", "/y")
+    r = rig(tmp_path, frontier, clock, {ls.url: response(ls.url, 200, body) for ls in (a, b)})
+    policy = HostPolicy(max_in_flight=10, delay=0.0)
+    first = r.run(a)
+    assert isinstance(first, Completion) and len(first.links) == 2 and first.known_links == 0
+    # Not committed yet: the gate must not trust these URLs, a kill could still lose them.
+    second = r.run(b)
+    assert isinstance(second, Completion) and len(second.links) == 2
+    gate = r.pipeline.gate
+    gate.remember([first, second], [True, False])  # the second's transaction was refused
+    assert {f"{HOST}/x", f"{HOST}/y"} <= set(gate.known._new)
+    assert frontier.complete([first], clock.now, policy) == [True]
+    third = r.run(b)  # b's lease is still held: the refused commit wrote nothing
+    assert isinstance(third, Completion)
+    assert third.links == [] and third.known_links == 2
+    before = frontier.stats().counters.get("url_duplicates", 0)
+    assert frontier.complete([third], clock.now, policy) == [True]
+    assert frontier.stats().counters["url_duplicates"] == before + 2
+    events = frontier.events_after(0, 10)
+    assert [e["links"] for e in events] == [2, 2]  # the page's links, known or not
 
 
 def test_a_lease_about_to_expire_is_dropped_unfetched(

@@ -24,7 +24,8 @@ class Committer:
     """Workers :meth:`put` outcomes; :meth:`run` commits them until :meth:`close`.
 
     ``settled(n)`` hears of every committed batch (the feeder's in-flight account and wake-up);
-    ``checkpoint`` runs after it (the discovery gate's periodic save).
+    ``committed(completions, accepted)`` which completions the transaction accepted (the link
+    gate's cache of committed URLs); ``checkpoint`` runs after both (the gate's periodic save).
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class Committer:
         busy: Callable[[], bool],
         settled: Callable[[int], None],
         checkpoint: Callable[[], Awaitable[None]] | None = None,
+        committed: Callable[[list[Completion], list[bool]], None] | None = None,
     ) -> None:
         self._frontier = frontier
         self._call = call
@@ -52,6 +54,7 @@ class Committer:
         self._busy = busy
         self._settled = settled
         self._checkpoint = checkpoint
+        self._committed = committed
         # Bounded: when commits fall behind, workers wait here instead of fetching more.
         self._queue: asyncio.Queue[Outcome | None] = asyncio.Queue(maxsize=queue_size)
 
@@ -120,6 +123,8 @@ class Committer:
         s.failed += sum(
             1 for x, ok in zip(failures, ok_f, strict=True) if ok and x.retry_at is None
         )
+        if self._committed is not None:
+            self._committed(completions, ok_c)
         self._settled(len(batch))
         if self._checkpoint is not None:
             await self._checkpoint()

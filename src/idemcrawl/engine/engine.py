@@ -260,6 +260,7 @@ class Engine:
             busy=lambda: core.busy,
             settled=feeder.settled,
             checkpoint=gate.save_now_and_then,
+            committed=gate.remember,
         )
         reporter = None
         if self._progress or self._snapshot or live is not None:

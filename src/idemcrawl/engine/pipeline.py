@@ -275,6 +275,7 @@ class Pipeline:
             near=near,
             records=result.records,
             links=gated.links,
+            known_links=gated.known,
             rejections=rejections,
             simhash=result.simhash,
             near_dup_of=near,

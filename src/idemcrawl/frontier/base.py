@@ -361,6 +361,10 @@ class Completion:
     #: Cookies the response set (spiders with ``keep_cookies``): stored with the completion,
     #: so a login's session commits with the login (I12).
     cookies: Sequence[Cookie] = ()
+    #: Links of the page left out of ``links`` because the crawl process knew them to be in
+    #: the frontier already (``discovery.KnownURLs``): inserting them would change nothing, but
+    #: they still count as the page's links (its event) and as ``url_duplicates``.
+    known_links: int = 0
 
 
 @dataclass(slots=True)

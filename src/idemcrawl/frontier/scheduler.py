@@ -639,7 +639,7 @@ class Scheduler(Reads):
         s.bump("fetches", n_ok)
         s.bump("completions_rejected", len(completions) - n_ok)
         s.bump("links_new", links_new)
-        s.bump("url_duplicates", len(links) - links_new)
+        s.bump("url_duplicates", len(links) - links_new + sum(c.known_links for c in pages))
         for name, n in completion_counters(pages).items():
             s.bump(name, n)
         return accepted

@@ -178,7 +178,7 @@ def event_values(c: Completion, now: float) -> tuple[Any, ...]:
         c.fetched_at,
         c.content_hash,
         len(c.records),
-        len(c.links),
+        len(c.links) + c.known_links,
         c.warc_file,
         c.warc_offset,
         c.warc_length,
