@@ -116,6 +116,7 @@ def test_no_config_file_flags_only(tmp_path: Path) -> None:
         ({"db": "DB", "seeds": [SEED], "commit_seconds": 5}, FlagLists(), "--commit-seconds"),
         ({"db": "DB", "concurrency": 0, "seeds": [SEED]}, FlagLists(), "--concurrency must"),
         ({"db": "DB", "fast_latency": -1, "seeds": [SEED]}, FlagLists(), "--fast-latency must"),
+        ({"db": "DB", "warc_level": 10, "seeds": [SEED]}, FlagLists(), "--warc-level must"),
         ({"db": "DB", "speed": 3}, FlagLists(), "unknown setting(s): speed"),
     ],
 )
@@ -210,3 +211,9 @@ def test_a_changed_default_changes_the_help(monkeypatch: pytest.MonkeyPatch) -> 
     text = _crawl_help()
     assert "requests in flight across all hosts (default 5)" in text
     assert "(default 16)" not in text
+
+
+def test_the_default_warc_level_is_the_stores() -> None:
+    from idemcrawl import warc
+
+    assert CrawlConfig(db="x").warc_level == warc.COMPRESSION_LEVEL

@@ -24,6 +24,7 @@ from idemcrawl.warc import (
     WarcError,
     WarcPointer,
     WarcStore,
+    metadata_fields,
     parse_metadata,
     payload_digest,
     read_response,
@@ -701,3 +702,11 @@ def test_verify_directory_flags_a_torn_tail(tmp_path: Path) -> None:
     (tmp_path / "headless.warc.gz").write_bytes(path.read_bytes()[warcinfo_end:])
     report = verify_directory(str(tmp_path))
     assert report["errors"] == ["headless.warc.gz: the file does not start with a warcinfo record"]
+
+
+@pytest.mark.parametrize("bad", ["http://a.test/x y", "http://a.test/x\r\nWARC-Type: forged", ""])
+def test_an_outlink_that_would_break_its_field_line_is_refused(bad: str) -> None:
+    good = ["http://a.test/1", "http://a.test/2"]
+    assert parse_metadata(metadata_fields("http://a.test/", {"links": good}))["links"] == good
+    with pytest.raises(WarcError, match="not serialisable"):
+        metadata_fields("http://a.test/", {"links": [*good, bad]})

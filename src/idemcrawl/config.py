@@ -138,6 +138,8 @@ class CrawlConfig:
     warc: bool = True
     warc_dir: str | None = None
     warc_max_file_bytes: int = 1 << 30
+    #: zlib level of every WARC record (0-9); ``warc.COMPRESSION_LEVEL`` says why 1.
+    warc_level: int = 1
     #: Serve Prometheus metrics on 127.0.0.1:PORT while crawling (R24); None = off.
     metrics_port: int | None = None
 
@@ -194,6 +196,8 @@ class CrawlConfig:
             problems.append("--near-dup-distance must be between 0 and 3")
         if self.max_decompressed_bytes < 1 or self.max_bytes < 1:
             problems.append("--max-bytes and --max-decompressed-bytes must be >= 1")
+        if not 0 <= self.warc_level <= 9:
+            problems.append("--warc-level must be between 0 and 9")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append("--metrics-port must be a TCP port")
         if problems:
@@ -330,6 +334,7 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "near_dup_distance": (int,),
     "warc": (bool,),
     "warc_dir": (str,),
+    "warc_level": (int,),
     "metrics_port": (int,),
     "backoff_base": (int, float),
     "backoff_cap": (int, float),

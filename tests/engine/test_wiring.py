@@ -52,6 +52,16 @@ def config(tmp_path: Path, **kw: Any) -> CrawlConfig:
     return CrawlConfig(**base)
 
 
+@pytest.mark.parametrize("level", [None, 9])
+def test_the_archive_compresses_at_the_configured_level(tmp_path: Path, level: int | None) -> None:
+    cfg = config(tmp_path) if level is None else config(tmp_path, warc_level=level)
+    asyncio.run(Engine(cfg, fetcher=site()).run())
+    (name,) = [n for n in os.listdir(cfg.warc_directory()) if n.endswith(".warc.gz")]
+    head = (Path(cfg.warc_directory()) / name).read_bytes()[:10]
+    # The gzip header's XFL byte: 4 = fastest (level 1, the default), 2 = best (level 9).
+    assert head[:2] == b"\x1f\x8b" and head[8] == (4 if level is None else 2)
+
+
 @pytest.mark.parametrize("inline", [False, True])
 def test_a_crawl_through_injected_parts(tmp_path: Path, inline: bool) -> None:
     cfg = config(tmp_path)

@@ -145,7 +145,10 @@ class Engine:
         # The slot's flock makes this process the prefix's only writer; opening cuts a record a
         # killed predecessor left half-written.
         store = WarcStore(
-            cfg.warc_directory(), warc_prefix(owner), max_file_bytes=cfg.warc_max_file_bytes
+            cfg.warc_directory(),
+            warc_prefix(owner),
+            max_file_bytes=cfg.warc_max_file_bytes,
+            compression_level=cfg.warc_level,
         )
         resources.callback(store.close)
         self.summary.warc_repaired_bytes = store.repaired_bytes
