@@ -710,3 +710,29 @@ def test_an_outlink_that_would_break_its_field_line_is_refused(bad: str) -> None
     assert parse_metadata(metadata_fields("http://a.test/", {"links": good}))["links"] == good
     with pytest.raises(WarcError, match="not serialisable"):
         metadata_fields("http://a.test/", {"links": [*good, bad]})
+
+
+def test_the_digest_is_rfc_4648_base32_of_the_sha1() -> None:
+    rng = random.Random(5)
+    for body in [b"", b"x", *(rng.randbytes(rng.randrange(1, 4000)) for _ in range(200))]:
+        raw = hashlib.sha1(body).digest()
+        expected = "sha1:" + base64.b32encode(raw).decode("ascii")
+        assert warc.digest_of_sha1(raw) == payload_digest(body) == expected
+    with pytest.raises(ValueError, match="20 bytes"):
+        warc.digest_of_sha1(b"short")
+
+
+def test_a_given_body_sha1_writes_the_same_records(tmp_path: Path) -> None:
+    body = b"<html>same</html>"
+    ptrs = []
+    for name, given in (("a", None), ("b", hashlib.sha1(body).digest())):
+        with WarcStore(str(tmp_path / name), "slot00") as store:
+            ptrs.append(
+                store.write_exchange(
+                    url="http://a.test/", fetched_at=0.0, request_headers=[], status=200,
+                    reason="OK", http_version="HTTP/1.1", response_headers=[], body=body,
+                    ip=None, metadata={}, body_sha1=given,
+                )
+            )  # fmt: skip
+        assert read_response(str(tmp_path / name), ptrs[-1])[2] == body
+    assert ptrs[0].payload_digest == ptrs[1].payload_digest == payload_digest(body)

@@ -62,6 +62,7 @@ __all__ = [
     "WarcError",
     "WarcPointer",
     "WarcStore",
+    "digest_of_sha1",
     "metadata_fields",
     "parse_metadata",
     "payload_digest",
@@ -118,7 +119,14 @@ class WarcPointer:
 
 def payload_digest(body: bytes) -> str:
     """``sha1:<BASE32>``, the form WARC-Payload-Digest uses and every reader recomputes."""
-    return "sha1:" + base64.b32encode(hashlib.sha1(body).digest()).decode("ascii")
+    return digest_of_sha1(hashlib.sha1(body).digest())
+
+
+def digest_of_sha1(raw: bytes) -> str:
+    """:func:`payload_digest` from the body's SHA-1 (20 bytes), for a caller that has it."""
+    if len(raw) != 20:
+        raise ValueError(f"a SHA-1 digest is 20 bytes, not {len(raw)}")
+    return "sha1:" + base64.b32encode(raw).decode("ascii")
 
 
 def warc_truncated(cut_reason: str | None) -> str | None:
@@ -465,6 +473,7 @@ class WarcStore:
         rendered: str | None = None,
         method: str = "GET",
         request_body: bytes = b"",
+        body_sha1: bytes | None = None,
     ) -> WarcPointer:
         """Write request + response + metadata; return the pointer to the response record.
 
@@ -477,6 +486,8 @@ class WarcStore:
         JSON-serialisable; the key ``"original_headers"`` is added by the store. ``truncated``
         is the fetcher's cut reason (or a WARC-Truncated value) for a cut body. ``method`` and
         ``request_body`` are the request's (a spider's POST search, JSON API call).
+        ``body_sha1`` is ``hashlib.sha1(body).digest()`` when the caller has computed it already
+        (the archiver does, to find identical bodies), so that it is computed once.
         """
         _check_uri(url)
         if "original_headers" in metadata:
@@ -484,8 +495,8 @@ class WarcStore:
         date = _warc_date(fetched_at)
         stored, original = _stored_headers(response_headers, len(body), keep_encoding=not decoded)
         meta_fields = metadata_fields(url, {**metadata, "original_headers": original})
-        digest_bytes = hashlib.sha1(body).digest()
-        digest = "sha1:" + base64.b32encode(digest_bytes).decode("ascii")
+        digest_bytes = hashlib.sha1(body).digest() if body_sha1 is None else body_sha1
+        digest = digest_of_sha1(digest_bytes)
         response_head = _http_head(_status_line(http_version, status, reason), stored)
         request_head = _request_head(url, http_version, request_headers, method) + request_body
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,14 @@ from ..fetch import FetchResult
 from ..frontier.base import Frontier, Lease, NewURL
 from ..parse import ParseResult
 from ..render import RenderResult
-from ..warc import WarcError, WarcPointer, WarcStore, payload_digest, store_download
+from ..warc import (
+    WarcError,
+    WarcPointer,
+    WarcStore,
+    digest_of_sha1,
+    payload_digest,
+    store_download,
+)
 from .calls import Call
 from .clock import Clock
 
@@ -125,7 +133,8 @@ class Archiver:
         if rendered is not None:
             dom = rendered.html
             await self._rendered_exchanges(store, lease, rendered)
-        body_digest = payload_digest(res.body)
+        body_sha1 = hashlib.sha1(res.body).digest()  # once: the store reuses it for the record
+        body_digest = digest_of_sha1(body_sha1)
         pending = self._writing.get(body_digest)
         if pending is not None:  # the same body is being archived by another worker right now
             await asyncio.shield(pending)
@@ -166,8 +175,9 @@ class Archiver:
         self._writing[body_digest] = done
         try:
             ptr = await self._write_exchange(
-                store, lease.fetch_url, res, metadata, rendered=dom, **_request_of(lease)
-            )
+                store, lease.fetch_url, res, metadata, rendered=dom, body_sha1=body_sha1,
+                **_request_of(lease),
+            )  # fmt: skip
         finally:
             del self._writing[body_digest]
             done.set_result(None)
