@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from idemcrawl.discovery import KnownURLs
@@ -37,3 +39,12 @@ def test_memory_is_bounded_by_two_generations() -> None:
 def test_cap_must_hold_something() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         KnownURLs(cap=1)
+
+
+def test_a_new_url_is_a_value_equal_and_hashable_by_its_fields() -> None:
+    a, b = (
+        NewURL("http://a.test/x", "a.test", depth=1),
+        NewURL("http://a.test/x", "a.test", depth=1),
+    )
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert dataclasses.replace(a, hops=1) != a
