@@ -628,7 +628,7 @@ class TestParserPool:
     def run_pool(self, tmp_path: Path, workers: int, paths: list[str]) -> list[ParseResult]:
         import asyncio
 
-        from idemcrawl.parse import ParserPool
+        from idemcrawl.parse_pool import ParserPool
 
         spider = write(tmp_path / "moody.py", POOL_SPIDER)
         pool = ParserPool(workers, (f"{spider}:Moody", SCOPE, "host", None, None))
@@ -679,7 +679,7 @@ class TestParserPool:
     def test_slow_start_is_not_a_parse_timeout(self, tmp_path: Path) -> None:
         import asyncio
 
-        from idemcrawl.parse import ParserPool
+        from idemcrawl.parse_pool import ParserPool
 
         spider = write(tmp_path / "sleepy.py", "import time\ntime.sleep(1.5)\n" + POOL_SPIDER)
         pool = ParserPool(1, (f"{spider}:Moody", SCOPE, "host", None, None))
@@ -694,7 +694,7 @@ class TestParserPool:
         assert result.error is None and result.records[0].key == f"{SHOP}/a"
 
     def test_needs_a_worker(self) -> None:
-        from idemcrawl.parse import ParserPool
+        from idemcrawl.parse_pool import ParserPool
 
         with pytest.raises(ValueError, match="at least one worker"):
             ParserPool(0, ())
@@ -763,19 +763,21 @@ class Modules(Spider):
     name = "modules"
 
     def parse(self, page):
-        heavy = ("aiohttp", "idemcrawl.engine", "idemcrawl.cli", "idemcrawl.frontier.sqlite",
-                 "idemcrawl.fetch", "pytest", "_pytest")
+        heavy = ("aiohttp", "asyncio", "idemcrawl.engine", "idemcrawl.cli",
+                 "idemcrawl.frontier.sqlite", "idemcrawl.fetch", "idemcrawl.parse_pool", "pytest",
+                 "_pytest")
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in heavy or m.startswith(heavy))
         yield Record(key=page.url, data={"loaded": loaded})
 """
 
 
 def test_a_parser_process_imports_only_what_parsing_needs(tmp_path: Path) -> None:
-    """Neither the engine, aiohttp nor the parent's main script (pytest here, the ``idemcrawl``
-    console script in a crawl) is imported by a parser process: each costs a few MB, not 50."""
+    """Neither the engine, aiohttp, asyncio, the pool nor the parent's main script (pytest here,
+    the ``idemcrawl`` console script in a crawl) is imported by a parser process: each costs a
+    few MB, not 50."""
     import asyncio
 
-    from idemcrawl.parse import ParserPool
+    from idemcrawl.parse_pool import ParserPool
 
     spider = write(tmp_path / "modules.py", MODULES_SPIDER)
     pool = ParserPool(1, (f"{spider}:Modules", SCOPE, "host", None, None))

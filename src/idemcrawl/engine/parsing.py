@@ -1,7 +1,7 @@
 """Where fetched pages are parsed: parser processes behind a bounded queue, or inline.
 
 Parsing is CPU work, so it runs in ``parse_workers`` processes (R19) fed from the event loop
-(:class:`~idemcrawl.parse.ParserPool`: no helper threads; a timed-out or dead worker fails its
+(:class:`~idemcrawl.parse_pool.ParserPool`: no helper threads; a timed-out or dead worker fails its
 page only and is replaced). A bounded number of pages may wait per process; a worker that finds
 no free slot waits before fetching more, so when parsers fall behind, fetching slows instead of
 bodies piling up in memory. ``parse_workers = 0`` parses inline (tests, tiny crawls).
@@ -13,7 +13,8 @@ import asyncio
 import os
 
 from ..config import CrawlConfig
-from ..parse import ParseJob, Parser, ParseResult, ParserPool, load_spider
+from ..parse import ParseJob, Parser, ParseResult, load_spider
+from ..parse_pool import ParserPool
 
 
 def spider_spec(spec: str | None) -> str | None:
