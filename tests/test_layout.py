@@ -12,6 +12,9 @@ import idemcrawl
 PACKAGE = Path(idemcrawl.__file__).resolve().parent
 #: Modules that may use the command line and the lab: they are the top of the house.
 TOP = {"idemcrawl.cli", "idemcrawl.__main__"}
+#: C extension modules (setup.py): leaves that import nothing of the package. Listed rather than
+#: found on disk, since an install without a C compiler has none and must pass all the same.
+EXTENSIONS = {"idemcrawl._simhash"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -28,13 +31,14 @@ def _modules() -> dict[str, tuple[Path, bool]]:
 def import_graph() -> dict[str, set[str]]:
     """Module -> the package modules it imports anywhere in its source."""
     modules = _modules()
+    leaves = modules.keys() | EXTENSIONS
 
     def known(name: str) -> str | None:
-        while name and name not in modules:
+        while name and name not in leaves:
             name = name.rpartition(".")[0]
         return name or None
 
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, set[str]] = {name: set() for name in EXTENSIONS}
     for name, (path, is_package) in modules.items():
         here = name.split(".") if is_package else name.split(".")[:-1]
         targets: set[str] = set()
@@ -46,7 +50,7 @@ def import_graph() -> dict[str, set[str]]:
                 prefix = ".".join([*base, *([node.module] if node.module else [])])
                 for alias in node.names:  # "from . import url" imports the module idemcrawl.url
                     full = f"{prefix}.{alias.name}"
-                    targets.add(full if full in modules else prefix)
+                    targets.add(full if full in leaves else prefix)
             elif (
                 isinstance(node, ast.Call)
                 and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
@@ -56,7 +60,7 @@ def import_graph() -> dict[str, set[str]]:
             ):
                 targets.add(node.args[0].value)
         graph[name] = {
-            t for t in map(known, targets) if t is not None and t != name and t in modules
+            t for t in map(known, targets) if t is not None and t != name and t in leaves
         }
     return graph
 
@@ -98,6 +102,7 @@ def test_the_graph_is_read() -> None:
     assert "idemcrawl.frontier.base" in graph["idemcrawl.config"]
     assert "idemcrawl.url" in graph["idemcrawl.fetch"]  # from . import url as urls
     assert "idemcrawl.status" in graph["idemcrawl.serve"]
+    assert "idemcrawl._simhash" in graph["idemcrawl.dedup"]  # from . import _simhash (C)
     assert "idemcrawl.lab.bench.crawl" in graph["idemcrawl.lab.commands"]  # inside a function
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -17,10 +17,11 @@ Everything here is pure computation on in-memory data: no network, no disk.
 
 Measured on this project's 2-core machine (CPython 3.11, CPU time, other jobs running):
 
-* :func:`simhash64` on a 15 KB text (~2,500 words): ~2.1-2.5 ms per page (tokenising and
-  shingling ~1 ms, xxh3 hashing ~0.45 ms, bit majority ~1 ms); :func:`visible_text` of the
-  same text as HTML ~1 ms. BLAKE2b-64 as the feature hash made it ~5.5 ms, which is why
-  xxhash is used (see ``_feature_hash``).
+* :func:`simhash64` of a bench-site page's text (15 KB of HTML, ~2,000 words): ~25 µs in C
+  (``idemcrawl._simhash``), ~450 µs by the pure-Python fallback; :func:`page_simhash` on the
+  parsed page ~50 µs against ~480 µs (``benchmarks/simhash_page.py``, docs/benchmarks.md).
+  The first Python version took ~2.1-2.5 ms; BLAKE2b-64 as the feature hash made it ~5.5 ms,
+  which is why xxhash is used (see ``_feature_hash``).
 * :class:`BloomNegativeCache` (rbloom), 1,000,000 URLs at 1 %: ~0.4-0.5 µs per ``add``,
   ~0.45 µs per ``might_contain`` (statistics included), ~0.1 µs per key for ``add_many`` /
   ``rebuild``; 1.2 MB of bits. On 200,000 URLs pybloom-live measured 3.0 µs add / 2.1 µs
@@ -43,6 +44,14 @@ from rbloom import Bloom
 from selectolax.lexbor import LexborHTMLParser
 
 from .encoding import decode_html
+
+#: The native SimHash (src/idemcrawl/_simhash.c), or None when ``pip install`` had no C
+#: compiler: then the pure-Python :func:`_simhash64_py` runs, with the same fingerprints.
+_native: Any
+try:
+    from . import _simhash as _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
 
 __all__ = [
     "BloomNegativeCache",
@@ -116,8 +125,9 @@ def page_simhash(html: str | LexborHTMLParser) -> int:
 
     What the parser processes compute for every HTML page (``ParseResult.simhash``). Pass the
     page's own parsed tree to save parsing it again; it is modified (scripts, styles… are
-    stripped), so only once nothing else will read it. ~0.6 ms for a 15 KB page on this
-    machine, against ~2 ms for the composition it equals.
+    stripped), so only once nothing else will read it. ~50 µs CPU for a 15 KB bench page on
+    this machine with the C extension (~0.5 ms without), against ~2 ms for the composition it
+    equals.
     """
     return simhash64(_raw_visible_text(html))
 
@@ -137,6 +147,8 @@ def _feature_hash(feature: str) -> int:
     format and must never depend on the process (no ``hash()``) or on what happens to be
     installed (no "xxhash if available"): xxhash is a hard dependency. XXH3 output is frozen
     since xxHash 0.8.0. It measured ~0.2 µs per shingle against ~1.2 µs for BLAKE2b-64.
+    The C extension computes the same XXH3-64 itself for features up to 240 bytes (the tests
+    compare it with xxhash for every length up to 300) and calls xxhash for longer ones.
     """
     return xxhash.xxh3_64_intdigest(feature.encode("utf-8"))
 
@@ -169,12 +181,26 @@ def simhash64(text: str) -> int:
     "+weight/-weight per bit, keep the sign" rule with weight = frequency of the feature
     (a repeated shingle counts once per occurrence). Ties give 0. An empty text gives 0.
 
-    Returns an int in ``[0, 2**64)``. Implementation (same result as the definition above,
-    checked against a textbook version by the tests; ~0.4 ms for 2,000 words instead of
-    ~1.6 ms): ASCII text is tokenised as bytes (translate + split instead of a regex), the
-    shingles are built and hashed as bytes by C-level ``map`` calls, and the per-bit majority
-    counts bits over a whole byte column at once: the column as one big int, AND a mask with
-    bit ``b`` of every byte, ``int.bit_count``.
+    Returns an int in ``[0, 2**64)``. Computed by the C extension ``idemcrawl._simhash`` when
+    it was built (ASCII text is tokenised there too; other text is tokenised here by the
+    ``\\w+`` regex and the words handed over), else by :func:`_simhash64_py`; both give the
+    same int (tests/test_simhash_native.py), the extension ~18x faster on a 15 KB page.
+    """
+    if _native is not None:
+        if text.isascii():
+            return _native.simhash_ascii(text)
+        return _native.simhash_words(_WORD.findall(text.lower()))
+    return _simhash64_py(text)
+
+
+def _simhash64_py(text: str) -> int:
+    """:func:`simhash64` in Python: the fallback without the C extension, and its reference.
+
+    Same result as the definition (checked against a textbook version by the tests; ~0.4 ms
+    for 2,000 words instead of ~1.6 ms): ASCII text is tokenised as bytes (translate + split
+    instead of a regex), the shingles are built and hashed as bytes by C-level ``map`` calls,
+    and the per-bit majority counts bits over a whole byte column at once: the column as one
+    big int, AND a mask with bit ``b`` of every byte, ``int.bit_count``.
     """
     hash64 = xxhash.xxh3_64_intdigest
     if text.isascii():

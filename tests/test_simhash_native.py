@@ -1,0 +1,178 @@
+"""The C SimHash (idemcrawl._simhash) gives exactly the pure-Python fingerprints.
+
+Fingerprints are stored (``simhash_blocks``), so the native code must agree bit for bit with
+``dedup._simhash64_py`` (itself checked against the textbook definition in test_dedup.py) and
+its XXH3-64 with the ``xxhash`` package, for every input length its code distinguishes.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from types import ModuleType
+
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from idemcrawl import dedup
+from idemcrawl.dedup import _WORD, _simhash64_py, simhash64
+
+from .frontier.conftest import in_ci
+
+
+@pytest.fixture(scope="module")
+def native() -> ModuleType:
+    """The extension; outside CI a checkout without a C compiler skips (CI never does)."""
+    try:
+        from idemcrawl import _simhash
+    except ImportError:
+        if in_ci():
+            raise
+        pytest.skip("idemcrawl._simhash was not built (no C compiler?)")
+    return _simhash
+
+
+def both(native: ModuleType, text: str) -> int:
+    """The native fingerprint of ``text`` by each path that applies, checked equal."""
+    words = _WORD.findall(text.lower())
+    fp = native.simhash_words(words)
+    assert native.simhash_words([w.encode() for w in words]) == fp
+    if text.isascii():
+        assert native.simhash_ascii(text) == fp
+    return fp
+
+
+def test_extension_is_built_and_used_in_ci() -> None:
+    """CI (CI=true) must not silently measure or test the slow path."""
+    if not in_ci():
+        pytest.skip("only CI requires the build; elsewhere the fallback is allowed")
+    from idemcrawl import _simhash
+
+    assert dedup._native is _simhash
+
+
+def test_parse_module_imports_the_extension() -> None:
+    """Parser processes import idemcrawl.parse (the fork server preloads it): that is enough."""
+    if dedup._native is None:
+        pytest.skip("idemcrawl._simhash was not built")
+    code = "import sys, idemcrawl.parse; print('idemcrawl._simhash' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "True"
+
+
+# --- XXH3-64 ----------------------------------------------------------------------------------
+
+
+def test_xxh3_matches_xxhash_for_every_length(native: ModuleType) -> None:
+    # 0, 1-3, 4-8, 9-16, 17-128 (four round counts), 129-240 and the >240 fallback: every
+    # length, several random inputs each, plus all-zero and all-0xff bytes.
+    rng = random.Random(17)
+    for length in range(301):
+        inputs = [rng.randbytes(length) for _ in range(20)]
+        inputs += [bytes(length), b"\xff" * length]
+        for data in inputs:
+            assert native.xxh3_64(data) == xxhash.xxh3_64_intdigest(data), (length, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_xxh3_matches_xxhash_on_any_bytes(native: ModuleType, data: bytes) -> None:
+    assert native.xxh3_64(data) == xxhash.xxh3_64_intdigest(data)
+
+
+# --- SimHash ----------------------------------------------------------------------------------
+
+
+def test_known_fingerprints(native: ModuleType) -> None:
+    assert native.simhash_ascii("a b c d e f g") == 0x0DCC43F2565B7A5B
+    assert native.simhash_ascii("") == native.simhash_words([]) == 0
+    assert native.simhash_ascii(" ,.;\n ") == 0
+
+
+def test_every_ascii_character_tokenises_like_python(native: ModuleType) -> None:
+    for c in map(chr, range(128)):
+        for text in (f"ab{c}cd ef gh", f"{c}", f"{c}x{c}{c}y{c}z{c}", f"Q{c}{c}"):
+            assert both(native, text) == _simhash64_py(text), repr(text)
+
+
+def test_every_feature_length_up_to_300_bytes(native: ModuleType) -> None:
+    """Features of each byte length 1..300: single words (< 3 words) and 3-word shingles."""
+    rng = random.Random(3)
+    for length in range(1, 301):
+        texts = ["w" * length, "é" * (length // 2) + "x" * (length % 2)]
+        if length >= 5:
+            a = rng.randint(1, length - 4)
+            b = rng.randint(1, length - 3 - a)
+            c = length - 2 - a - b
+            texts.append(f"{'a' * a} {'b' * b} {'c' * c}")
+            texts.append(f"{'a' * a} {'b' * b} {'c' * c} more words here")
+            texts.append(f"x {'a' * a}, {'ü' * (b // 2) or 'u'}; {'c' * c}")
+        for text in texts:
+            assert both(native, text) == _simhash64_py(text), (length, text)
+
+
+ascii_texts = st.text(alphabet=st.characters(max_codepoint=127), max_size=400)
+word_texts = st.lists(
+    st.one_of(
+        st.text(alphabet="abcXYZ_09", min_size=1, max_size=8),
+        st.text(alphabet="abcéΣ日", min_size=1, max_size=8),
+        st.text(alphabet="lw", min_size=60, max_size=300),  # shingles over 240 bytes
+    ),
+    max_size=12,
+).map(" ".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(ascii_texts, st.text(max_size=400), word_texts))
+def test_native_matches_python(native: ModuleType, text: str) -> None:
+    assert both(native, text) == _simhash64_py(text)
+    assert simhash64(text) == _simhash64_py(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=20), max_size=8))
+def test_words_of_any_bytes_match_python_shingles(native: ModuleType, words: list[bytes]) -> None:
+    """simhash_words hashes the bytes it is given, joined by one space, as Python would."""
+    if len(words) < 3:
+        features = words
+    else:
+        features = [b" ".join(words[i : i + 3]) for i in range(len(words) - 2)]
+    hashes = [xxhash.xxh3_64_intdigest(f) for f in features]
+    expected = sum(1 << b for b in range(64) if 2 * sum(h >> b & 1 for h in hashes) > len(hashes))
+    assert native.simhash_words(words) == expected
+
+
+def test_long_texts_cross_the_vote_flush(native: ModuleType) -> None:
+    """Lane counters are flushed every 255 features: counts beyond that must be exact."""
+    rng = random.Random(5)
+    vocab = ["alpha", "beta", "gamma", "delta", "x" * 250]
+    for n in (254, 255, 256, 257, 510, 511, 2500, 20000):
+        text = " ".join(rng.choice(vocab) for _ in range(n))
+        assert both(native, text) == _simhash64_py(text)
+    # One shingle repeated: every bit is decided by that hash alone, whatever the count.
+    text = "a b c " * 3000
+    assert both(native, text) == _simhash64_py(text)
+
+
+def test_rejects_what_it_cannot_take(native: ModuleType) -> None:
+    with pytest.raises(ValueError):
+        native.simhash_ascii("café")
+    with pytest.raises(TypeError):
+        native.simhash_ascii(b"bytes")
+    with pytest.raises(TypeError):
+        native.simhash_words([b"a", 1])
+    with pytest.raises(TypeError):
+        native.xxh3_64("str")
+
+
+def test_fallback_gives_the_same_fingerprints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the extension simhash64 runs the Python code: nothing else changes."""
+    texts = ["", "one", "Hello, World!  Foo bar.", "naïve café déjà vu ok", "x" * 300 + " a b"]
+    expected = [simhash64(t) for t in texts]
+    monkeypatch.setattr(dedup, "_native", None)
+    assert [simhash64(t) for t in texts] == expected
