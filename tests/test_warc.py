@@ -736,3 +736,18 @@ def test_a_given_body_sha1_writes_the_same_records(tmp_path: Path) -> None:
             )  # fmt: skip
         assert read_response(str(tmp_path / name), ptrs[-1])[2] == body
     assert ptrs[0].payload_digest == ptrs[1].payload_digest == payload_digest(body)
+
+
+@pytest.mark.parametrize("level", [0, 1, 3, 4, 9])
+def test_every_level_writes_members_every_reader_takes(tmp_path: Path, level: int) -> None:
+    """0-3 are ISA-L's levels, 4-9 zlib's: either way standard gzip members."""
+    body = b"<html>" + b"some words repeated " * 500 + b"</html>"
+    with WarcStore(str(tmp_path), "slot00", compression_level=level) as store:
+        ptr = store.write_exchange(
+            url="http://a.test/", fetched_at=0.0, request_headers=[], status=200,
+            reason="OK", http_version="HTTP/1.1", response_headers=[], body=body,
+            ip=None, metadata={"links": ["http://a.test/b"]},
+        )  # fmt: skip
+    assert read_response(str(tmp_path), ptr)[2] == body
+    report = verify_directory(str(tmp_path), strict=True)
+    assert report["ok"], report

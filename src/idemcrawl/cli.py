@@ -153,7 +153,8 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
      "archive exchanges (the default; overrides an earlier --no-warc or the config)",
      {"dest": "warc"}),
     ("--warc-level", non_negative_int,
-     "zlib level of the WARC records, 0-9 (default {warc_level}; docs/warc.md has the trade)"),
+     "compression level of the WARC records: 0-3 ISA-L (fast), 4-9 zlib (smaller); default "
+     "{warc_level} (docs/warc.md has the trade)"),
     ("--metrics-port", non_negative_int,
      "serve Prometheus metrics on 127.0.0.1:PORT while crawling"),
 )

@@ -138,7 +138,7 @@ class CrawlConfig:
     warc: bool = True
     warc_dir: str | None = None
     warc_max_file_bytes: int = 1 << 30
-    #: zlib level of every WARC record (0-9); ``warc.COMPRESSION_LEVEL`` says why 1.
+    #: Level of every WARC record: 0-3 ISA-L, 4-9 zlib; ``warc.COMPRESSION_LEVEL`` says why 1.
     warc_level: int = 1
     #: Serve Prometheus metrics on 127.0.0.1:PORT while crawling (R24); None = off.
     metrics_port: int | None = None
