@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from array import array
 from types import ModuleType
 
 import pytest
@@ -176,3 +177,46 @@ def test_fallback_gives_the_same_fingerprints(monkeypatch: pytest.MonkeyPatch) -
     expected = [simhash64(t) for t in texts]
     monkeypatch.setattr(dedup, "_native", None)
     assert [simhash64(t) for t in texts] == expected
+
+
+@given(
+    st.integers(0, 2**64 - 1),
+    st.lists(st.integers(0, 2**64 - 1), max_size=60),
+    st.integers(0, 64),
+    st.lists(st.integers(0, 63), max_size=4),
+)
+@settings(max_examples=300, deadline=None)
+def test_within_matches_python(
+    native: ModuleType, fp: int, others: list[int], k: int, flips: list[int]
+) -> None:
+    near = fp
+    for bit in flips:
+        near ^= 1 << bit
+    fps = array("Q", [*others, near, fp])
+    assert native.within(fp, fps, k) == dedup._within(fp, fps, k)
+
+
+def test_within_refuses_what_is_not_an_array_of_fingerprints(native: ModuleType) -> None:
+    with pytest.raises(TypeError):
+        native.within(1, array("q", [1]), 3)
+    with pytest.raises(TypeError):
+        native.within(1, [1, 2], 3)
+    with pytest.raises(OverflowError):
+        native.within(-1, array("Q", [1]), 3)
+
+
+def test_the_index_finds_the_same_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(3)
+    base = [rng.getrandbits(64) for _ in range(40)]
+    fps = [b ^ (1 << rng.randrange(64)) if i % 3 else b for i, b in enumerate(base * 5)]
+
+    def answers() -> list[list[tuple[int, int]]]:
+        index = dedup.SimHashIndex(3)
+        for doc, fp in enumerate(fps):
+            index.add(fp, doc)
+        return [index.near(fp) for fp in fps]
+
+    with_native = answers()
+    monkeypatch.setattr(dedup, "_native", None)
+    assert answers() == with_native
+    assert all(any(d == 0 for _, d in found) for found in with_native)

@@ -500,10 +500,69 @@ static PyObject *xxh3_64(PyObject *module, PyObject *arg) {
         xxh3_64_short((const uint8_t *)PyBytes_AS_STRING(arg), (size_t)len));
 }
 
+PyDoc_STRVAR(within_doc,
+"within(fp: int, fps: array('Q'), k: int, /) -> list[int]\n\n"
+"The indices i of fps with popcount(fps[i] ^ fp) <= k, in order: the near-duplicate index's\n"
+"bucket scan (dedup.SimHashIndex.near), one pass over the array's buffer.");
+
+static PyObject *within(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "within() takes 3 arguments, not %zd", nargs);
+        return NULL;
+    }
+    uint64_t fp = PyLong_AsUnsignedLongLong(args[0]);
+    if (fp == (uint64_t)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long k = PyLong_AsLong(args[2]);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (view.itemsize != 8 || view.format == NULL || strcmp(view.format, "Q") != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "within() needs an array('Q') of fingerprints");
+        return NULL;
+    }
+    const uint64_t *items = (const uint64_t *)view.buf;
+    Py_ssize_t n = view.len / 8;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t x = items[i] ^ fp;
+        long bits = 0;
+        while (x) { /* Kernighan: one step per set bit, and a match has at most k of them */
+            x &= x - 1;
+            if (++bits > k) {
+                break;
+            }
+        }
+        if (bits <= k) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(out, index) < 0) {
+                Py_XDECREF(index);
+                Py_DECREF(out);
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            Py_DECREF(index);
+        }
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef simhash_methods[] = {
     {"simhash_ascii", simhash_ascii, METH_O, simhash_ascii_doc},
     {"simhash_words", simhash_words, METH_O, simhash_words_doc},
     {"xxh3_64", xxh3_64, METH_O, xxh3_64_doc},
+    {"within", (PyCFunction)(void (*)(void))within, METH_FASTCALL, within_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -322,6 +322,11 @@ def fp_from_signed(value: int) -> int:
     return value + _FP_LIMIT if value < 0 else value
 
 
+def _within(fp: int, fps: array[int], k: int) -> list[int]:
+    """``_simhash.within`` in Python: indices of ``fps`` within ``k`` bits of ``fp``."""
+    return [i for i, other in enumerate(fps) if (other ^ fp).bit_count() <= k]
+
+
 class SimHashIndex:
     """In-memory index of fingerprints answering "which are within ``k`` bits of this one?".
 
@@ -335,7 +340,10 @@ class SimHashIndex:
     def __init__(self, k: int = 3) -> None:
         self.k = k
         self._layout = [(shift, (1 << width) - 1) for shift, width in block_layout(k)]
-        self._tables: list[dict[int, list[tuple[int, int]]]] = [{} for _ in self._layout]
+        #: Per block: block value -> (fingerprints, doc ids), parallel: a page's template
+        #: makes pages of one site share blocks, so a bucket can hold thousands of entries,
+        #: and the fingerprints as one ``array('Q')`` are scanned in C (``_simhash.within``).
+        self._tables: list[dict[int, tuple[array[int], list[int]]]] = [{} for _ in self._layout]
         self._entries: set[tuple[int, int]] = set()
 
     def add(self, fp: int, doc_id: int) -> None:
@@ -346,7 +354,13 @@ class SimHashIndex:
             return
         self._entries.add(entry)
         for table, (shift, mask) in zip(self._tables, self._layout, strict=True):
-            table.setdefault((fp >> shift) & mask, []).append(entry)
+            key = (fp >> shift) & mask
+            bucket = table.get(key)
+            if bucket is None:
+                table[key] = (array("Q", (fp,)), [doc_id])
+            else:
+                bucket[0].append(fp)
+                bucket[1].append(doc_id)
 
     def near(self, fp: int) -> list[tuple[int, int]]:
         """All ``(doc_id, distance)`` with distance ``<= k``, nearest first, then by doc id.
@@ -356,18 +370,19 @@ class SimHashIndex:
         """
         _check_fp(fp)
         k = self.k
-        seen: set[tuple[int, int]] = set()
-        found: list[tuple[int, int]] = []
+        within = _within if _native is None else _native.within
+        found: dict[tuple[int, int], int] = {}  # an entry in several buckets is found once
         for table, (shift, mask) in zip(self._tables, self._layout, strict=True):
-            for entry in table.get((fp >> shift) & mask, ()):
-                if entry in seen:
-                    continue
-                seen.add(entry)
-                distance = (entry[0] ^ fp).bit_count()
-                if distance <= k:
-                    found.append((entry[1], distance))
-        found.sort(key=lambda item: (item[1], item[0]))
-        return found
+            bucket = table.get((fp >> shift) & mask)
+            if bucket is None:
+                continue
+            fps, ids = bucket
+            for i in within(fp, fps, k):
+                found[(fps[i], ids[i])] = (fps[i] ^ fp).bit_count()
+        return sorted(
+            ((doc_id, distance) for (_, doc_id), distance in found.items()),
+            key=lambda item: (item[1], item[0]),
+        )
 
     def __len__(self) -> int:
         return len(self._entries)
