@@ -19,6 +19,10 @@ up over the benchmark affects every tool alike. What is reported comes from outs
 * "other CPU": what the rest of the machine (web server, this process, anyone else) used while
   the tool ran, from ``/proc/stat`` in the launcher. On a shared machine it says which wall
   times to distrust; the report warns when it exceeds a quarter of a CPU.
+* with ``--instructions``, after the timed rounds: CPU instructions per page of each tool
+  (:mod:`idemcrawl.lab.bench.instructions`), counted by perf or valgrind on a small and a large
+  site of the same shape. CPU seconds move with the machine's load; instruction counts barely
+  do, so a change of a few per cent can be judged on a shared machine.
 
 Wall time includes interpreter start-up and imports for every tool, which matters only for tiny
 sites. idemcrawl gets a fresh SQLite file per run (or a PostgreSQL database per run, see
