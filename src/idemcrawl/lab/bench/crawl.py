@@ -19,6 +19,10 @@ up over the benchmark affects every tool alike. What is reported comes from outs
 * "other CPU": what the rest of the machine (web server, this process, anyone else) used while
   the tool ran, from ``/proc/stat`` in the launcher. On a shared machine it says which wall
   times to distrust; the report warns when it exceeds a quarter of a CPU.
+* with ``--instructions``, after the timed rounds: CPU instructions per page of each tool
+  (:mod:`idemcrawl.lab.bench.instructions`), counted by perf or valgrind on a small and a large
+  site of the same shape. CPU seconds move with the machine's load; instruction counts barely
+  do, so a change of a few per cent can be judged on a shared machine.
 
 Wall time includes interpreter start-up and imports for every tool, which matters only for tiny
 sites. idemcrawl gets a fresh SQLite file per run (or a PostgreSQL database per run, see
@@ -56,6 +60,16 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from idemcrawl.parse import Page, Record, Spider
 
+from .instructions import COUNTERS as INSTRUCTION_COUNTERS
+from .instructions import (
+    BenchError,
+    Counter,
+    InstructionReport,
+    detect_counter,
+    measure_instructions,
+)
+from .site import SiteSpec, StaticSite
+
 __all__ = [
     "COMPARATORS",
     "BenchError",
@@ -77,10 +91,6 @@ CONCURRENCY: Final = 64
 HOST_CONCURRENCY: Final = 8
 SAMPLE_SECONDS: Final = 0.05
 _PR_SET_CHILD_SUBREAPER: Final = 36
-
-
-class BenchError(Exception):
-    """The benchmark cannot run as asked (bad options, nothing to compare...)."""
 
 
 class BenchSpider(Spider):
@@ -129,6 +139,16 @@ class BenchOptions:
     #: Extra ``idemcrawl crawl`` flags (e.g. ``("--parse-workers", "2")``), for experiments;
     #: they are part of the reported command line.
     crawl_args: tuple[str, ...] = ()
+    #: After the timed rounds, count each tool's instructions per page
+    #: (:mod:`idemcrawl.lab.bench.instructions`) on ``instructions_hosts`` hosts x each of
+    #: ``instructions_pages`` (small, large) pages per host, page size and links as above.
+    instructions: bool = False
+    instructions_hosts: int = 10
+    instructions_pages: tuple[int, int] = (20, 200)
+    #: Counts of each size per tool; 2 or more show the run-to-run spread of the counts.
+    instructions_runs: int = 1
+    #: "auto" (perf where it counts, else valgrind), "perf" or "valgrind".
+    instructions_counter: str = "auto"
 
     def validate(self) -> None:
         problems = []
@@ -148,6 +168,16 @@ class BenchOptions:
         reserved = {"--db", "--spider", "--json", "--quiet"}
         if any(a.split("=", 1)[0] in reserved for a in self.crawl_args):
             problems.append(f"--crawl-args may not set {', '.join(sorted(reserved))}")
+        if self.instructions:
+            small, large = self.instructions_pages
+            if self.instructions_hosts < 1 or self.instructions_runs < 1:
+                problems.append("--instructions-hosts and --instructions-runs must be >= 1")
+            if not 1 <= small < large:
+                problems.append("--instructions-pages SMALL,LARGE needs 1 <= SMALL < LARGE")
+            if self.links < 2 and self.instructions_hosts > 1:
+                problems.append("--links must be >= 2 with several --instructions-hosts")
+            if self.instructions_counter not in INSTRUCTION_COUNTERS:
+                problems.append(f"--instructions-counter must be {', '.join(INSTRUCTION_COUNTERS)}")
         if problems:
             raise BenchError("; ".join(problems))
 
@@ -164,6 +194,17 @@ class BenchOptions:
             parts += ["--server", self.server]
         if self.crawl_args:
             parts += ["--crawl-args", shlex.join(self.crawl_args)]
+        if self.instructions:
+            parts += ["--instructions"]
+            defaults = BenchOptions()
+            if self.instructions_hosts != defaults.instructions_hosts:
+                parts += ["--instructions-hosts", str(self.instructions_hosts)]
+            if self.instructions_pages != defaults.instructions_pages:
+                parts += ["--instructions-pages", ",".join(map(str, self.instructions_pages))]
+            if self.instructions_runs != defaults.instructions_runs:
+                parts += ["--instructions-runs", str(self.instructions_runs)]
+            if self.instructions_counter != defaults.instructions_counter:
+                parts += ["--instructions-counter", self.instructions_counter]
         return shlex.join(parts)
 
 
@@ -213,6 +254,12 @@ class RunResult:
         """Distinct pages fetched per second of wall time."""
         return self.pages / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def cpu_ms_per_page(self) -> float | None:
+        """CPU milliseconds (every process of the tool) per distinct page fetched: the unit of
+        issue 17's acceptance lines, comparable between sites of different sizes."""
+        return self.cpu_s * 1000 / self.pages if self.pages else None
+
 
 @dataclass
 class BenchReport:
@@ -223,6 +270,8 @@ class BenchReport:
     runs: list[RunResult] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    #: Instructions per page (``--instructions``); None when not asked for.
+    instructions: InstructionReport | None = None
 
     @property
     def expected_pages(self) -> int:
@@ -246,6 +295,9 @@ class BenchReport:
             "pages_per_s": _median([r.pages_per_s for r in ok]),
             "wall_s": _median([r.wall_s for r in ok]),
             "cpu_s": _median([r.cpu_s for r in ok]),
+            "cpu_ms_per_page": _median(
+                [r.cpu_ms_per_page for r in ok if r.cpu_ms_per_page is not None]
+            ),
             "peak_rss_mb": _median(rss),
             "pages": _median([r.pages for r in ok]),
             "robots": _median([r.robots for r in ok]),
@@ -312,8 +364,15 @@ class BenchReport:
             "tools": {t: self.summary(t) for t in self.tools},
             "ratios": self.ratios(),
             "runs": [
-                asdict(r) | {"cpu_s": r.cpu_s, "pages_per_s": r.pages_per_s} for r in self.runs
+                asdict(r)
+                | {
+                    "cpu_s": r.cpu_s,
+                    "pages_per_s": r.pages_per_s,
+                    "cpu_ms_per_page": r.cpu_ms_per_page,
+                }
+                for r in self.runs
             ],
+            "instructions": self.instructions.as_dict() if self.instructions else None,
         }
 
     def text(self) -> str:
@@ -340,9 +399,9 @@ class BenchReport:
             f"benchmark wall time {self.seconds / 60:.1f} min.",
             "",
             *self._warnings(),
-            "| tool | pages/s | wall s | CPU s | peak RSS MB | pages fetched | robots.txt "
-            "| duplicates | items |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| tool | pages/s | wall s | CPU s | CPU ms/page | peak RSS MB | pages fetched "
+            "| robots.txt | duplicates | items |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for tool in self.tools:
             s = self.summary(tool)
@@ -351,50 +410,54 @@ class BenchReport:
                 name += f" ({s['failed_runs']} failed run(s))"
             lines.append(
                 f"| {name} | {_fmt(s['pages_per_s'], 0)} | {_fmt(s['wall_s'], 1)} "
-                f"| {_fmt(s['cpu_s'], 1)} | {_fmt(s['peak_rss_mb'], 0)} | {_fmt(s['pages'], 0)} "
+                f"| {_fmt(s['cpu_s'], 1)} | {_fmt(s['cpu_ms_per_page'], 2)} "
+                f"| {_fmt(s['peak_rss_mb'], 0)} | {_fmt(s['pages'], 0)} "
                 f"| {_fmt(s['robots'], 0)} | {_fmt(s['duplicates'], 0)} | {_fmt(s['items'], 0)} |"
             )
         for tool, why in self.skipped.items():
-            lines.append(f"| {tool} | {why} | | | | | | | |")
+            lines.append(f"| {tool} | {why} | | | | | | | | |")
         ratios = self.ratios()
         if ratios:
             lines += [
                 "",
-                "| ratio (median of per-round ratios) | pages/s | CPU s | peak RSS |",
-                "|---|---:|---:|---:|",
+                "| ratio (median of per-round ratios) | pages/s | CPU s | CPU ms/page | peak RSS |",
+                "|---|---:|---:|---:|---:|",
             ]
             for name, r in ratios.items():
                 lines.append(
                     f"| {name} | {_fmt(r['pages_per_s'], 2, 'x')} | {_fmt(r['cpu_s'], 2, 'x')} "
-                    f"| {_fmt(r['peak_rss_mb'], 2, 'x')} |"
+                    f"| {_fmt(r['cpu_ms_per_page'], 2, 'x')} | {_fmt(r['peak_rss_mb'], 2, 'x')} |"
                 )
         lines += [
             "",
-            "| round | tool | wall s | pages/s | CPU s | other CPU s | peak RSS MB | processes "
-            "| pages | duplicates | items | status |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| round | tool | wall s | pages/s | CPU s | CPU ms/page | other CPU s | peak RSS MB "
+            "| processes | pages | duplicates | items | status |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in self.runs:
             status = "ok" if r.ok else f"failed: {r.error}"
             rss = _fmt(r.peak_rss_mb, 0) + ("" if r.rss_source == "tree" else " (max proc)")
             lines.append(
                 f"| {r.round} | {r.tool} | {r.wall_s:.1f} | {r.pages_per_s:.0f} | {r.cpu_s:.1f} "
-                f"| {_fmt(r.other_cpu_s, 1)} | {rss} | {r.processes} | {r.pages} "
-                f"| {r.duplicates} | {_fmt(r.items, 0)} | {status} |"
+                f"| {_fmt(r.cpu_ms_per_page, 2)} | {_fmt(r.other_cpu_s, 1)} | {rss} "
+                f"| {r.processes} | {r.pages} | {r.duplicates} | {_fmt(r.items, 0)} | {status} |"
             )
         lines += [
             "",
             "pages/s: distinct pages fetched (server log) per second of wall time, process start "
-            "to exit. CPU s: user + sys of the whole process tree. Peak RSS: largest sum over "
+            "to exit. CPU s: user + sys of the whole process tree; CPU ms/page: that over the "
+            "pages fetched. Peak RSS: largest sum over "
             f"the process tree, sampled every {SAMPLE_SECONDS * 1000:.0f} ms (shared pages "
             "count once per process). Duplicates: requests beyond the first for a port+URI. "
             "Other CPU s: CPU time the rest of the machine (web server, benchmark, other "
             f"processes) used during the run, out of {os.cpu_count()} CPUs x wall time.",
         ]
+        if self.instructions is not None:
+            lines += ["", *self.instructions.markdown()]
         return "\n".join(lines) + "\n"
 
 
-_RATIO_METRICS: Final = ("pages_per_s", "cpu_s", "peak_rss_mb")
+_RATIO_METRICS: Final = ("pages_per_s", "cpu_s", "cpu_ms_per_page", "peak_rss_mb")
 
 
 def _metric(r: RunResult, name: str) -> float | None:
@@ -402,6 +465,8 @@ def _metric(r: RunResult, name: str) -> float | None:
         return r.pages_per_s
     if name == "cpu_s":
         return r.cpu_s
+    if name == "cpu_ms_per_page":
+        return r.cpu_ms_per_page
     return r.peak_rss_mb
 
 
@@ -823,8 +888,8 @@ def _git_commit() -> str | None:
 
 
 def run_bench(opts: BenchOptions, log: Callable[[str], None] | None = None) -> BenchReport:
-    """Generate the site, serve it, run every tool ``opts.runs`` times interleaved, report."""
-    from .site import SiteSpec, StaticSite
+    """Generate the site, serve it, run every tool ``opts.runs`` times interleaved, report;
+    then, with ``opts.instructions``, count every tool's instructions per page."""
 
     opts.validate()
     say = log or (lambda _line: None)
@@ -832,13 +897,32 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] | None = None) -> B
     for tool, why in skipped.items():
         say(f"skipping {tool}: {why}")
     spec = SiteSpec(hosts=opts.hosts, pages=opts.pages, page_kb=opts.page_kb, links=opts.links)
+    # Before the timed rounds: a missing counter must not be found out half an hour later.
+    counter = detect_counter(opts.instructions_counter) if opts.instructions else None
     started = time.perf_counter()
     sources = crawl_source_files()
-    with (
-        tempfile.TemporaryDirectory(prefix="idemcrawl-bench-", dir=opts.workdir) as tmp,
-        StaticSite(spec, server=opts.server, workdir=opts.workdir) as site,
-    ):
+    with tempfile.TemporaryDirectory(prefix="idemcrawl-bench-", dir=opts.workdir) as tmp:
         scratch = Path(tmp)
+        report = _timed_rounds(opts, spec, tools, skipped, scratch, sources, say)
+        if counter is not None:
+            say(f"counting instructions with {counter.describe()}")
+            report.instructions = _count_instructions(opts, tools, counter, scratch, say)
+        report.seconds = time.perf_counter() - started
+    return report
+
+
+def _timed_rounds(
+    opts: BenchOptions,
+    spec: SiteSpec,
+    tools: Sequence[str],
+    skipped: dict[str, str],
+    scratch: Path,
+    sources: Sequence[Path],
+    say: Callable[[str], None],
+) -> BenchReport:
+    """The interleaved rounds on the benchmark site: the report without instructions."""
+
+    with StaticSite(spec, server=opts.server, workdir=opts.workdir) as site:
         report = BenchReport(
             options=opts,
             command=opts.command_line(),
@@ -903,8 +987,54 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] | None = None) -> B
                 )
                 with contextlib.suppress(FileNotFoundError):
                     items_out.unlink()
-        report.seconds = time.perf_counter() - started
     return report
+
+
+def _count_instructions(
+    opts: BenchOptions,
+    tools: Sequence[str],
+    counter: Counter,
+    scratch: Path,
+    say: Callable[[str], None],
+) -> InstructionReport:
+    """Every tool's instructions per page, each run with the same command as its timed rounds
+    (a fresh store for idemcrawl, schema dropped after a PostgreSQL run)."""
+
+    def command_for(
+        tool: str, seeds: Sequence[str], run_id: str
+    ) -> tuple[list[str], Callable[[], None]]:
+        db = _db_for(opts, scratch, run_id)
+        items_out = scratch / f"{run_id}.items.jsonl"
+
+        def cleanup() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                items_out.unlink()
+            if _is_dsn(db):
+                try:
+                    _drop_schema(db)
+                except Exception as exc:  # a leftover schema must not lose the counts
+                    say(f"could not drop {mask_dsn(db)}: {exc}")
+
+        return tool_command(tool, seeds, opts, db, items_out), cleanup
+
+    shape = SiteSpec(
+        hosts=opts.instructions_hosts,
+        pages=opts.instructions_pages[0],
+        page_kb=opts.page_kb,
+        links=opts.links,
+    )
+    return measure_instructions(
+        tools,
+        shape,
+        opts.instructions_pages,
+        command_for,
+        counter,
+        repeats=opts.instructions_runs,
+        server=opts.server,
+        workdir=opts.workdir,
+        timeout=opts.timeout,
+        log=say,
+    )
 
 
 # -- command line -------------------------------------------------------------------------------
@@ -942,8 +1072,51 @@ def add_bench_crawl_arguments(p: argparse.ArgumentParser) -> None:
         help="extra flags for idemcrawl's crawl command, one shell-quoted string "
         "(e.g. --crawl-args '--parse-workers 2')",
     )
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="after the timed rounds, count each tool's CPU instructions per page (perf stat "
+        "where it counts, else valgrind): a figure the machine's load does not move",
+    )
+    p.add_argument(
+        "--instructions-hosts",
+        type=int,
+        default=10,
+        help="hosts of the sites counted with --instructions (default 10)",
+    )
+    p.add_argument(
+        "--instructions-pages",
+        type=_size_pair,
+        default=(20, 200),
+        metavar="SMALL,LARGE",
+        help="pages per host of the small and the large counted site; instructions per page "
+        "is the difference of the two counts over the difference of pages (default 20,200)",
+    )
+    p.add_argument(
+        "--instructions-runs",
+        type=int,
+        default=1,
+        help="counts of each site per tool; 2 or more report their spread (default 1)",
+    )
+    p.add_argument(
+        "--instructions-counter",
+        choices=INSTRUCTION_COUNTERS,
+        default="auto",
+        help="perf, valgrind, or auto: perf when its instructions counter works here",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("-o", "--output", default=None, help="also write the markdown report here")
+
+
+def _size_pair(text: str) -> tuple[int, int]:
+    """``SMALL,LARGE`` for --instructions-pages."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError("expected SMALL,LARGE (e.g. 20,200)")
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected two integers, SMALL,LARGE") from None
 
 
 def options_from_args(a: argparse.Namespace, argv: Sequence[str] | None = None) -> BenchOptions:
@@ -964,11 +1137,17 @@ def options_from_args(a: argparse.Namespace, argv: Sequence[str] | None = None) 
         workdir=a.workdir,
         command=command,
         crawl_args=tuple(shlex.split(a.crawl_args)),
+        instructions=a.instructions,
+        instructions_hosts=a.instructions_hosts,
+        instructions_pages=a.instructions_pages,
+        instructions_runs=a.instructions_runs,
+        instructions_counter=a.instructions_counter,
     )
 
 
 def cmd_bench_crawl(a: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark, print the report; 2 on a usage error, 1 if any run failed."""
+    """Run the benchmark, print the report; 2 on a usage error (or no instruction counter), 1
+    if any run failed (a timed one or an instruction count)."""
     try:
         opts = options_from_args(a, argv)
         opts.validate()
@@ -980,7 +1159,9 @@ def cmd_bench_crawl(a: argparse.Namespace, argv: Sequence[str] | None = None) ->
     if a.output:
         Path(a.output).write_text(text, encoding="utf-8")
     print(json.dumps(report.as_dict(), indent=2) if a.json else text)
-    return 0 if all(r.ok for r in report.runs) else 1
+    failed = not all(r.ok for r in report.runs)
+    failed |= report.instructions is not None and bool(report.instructions.failed)
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
