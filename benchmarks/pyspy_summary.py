@@ -6,8 +6,9 @@
 
 Samples are grouped by role, recognised from the stack: the crawl process's event loop, its
 SQL thread (the engine's one-thread executor), any other thread of the crawl process, and the
-parser processes (started by multiprocessing's forkserver). Samples whose innermost frame is a
-known wait (a selector, a condition, a blocking pipe read) are counted as idle; py-spy reports a
+parser processes (``python -c ... worker_main``; before 2026-12-01 multiprocessing's
+forkserver). Samples whose innermost frame is a known wait (a selector, a condition, a
+blocking pipe read) are counted as idle; py-spy reports a
 thread blocked in a system call as active, so without this the waiting would look like work.
 For each role: the busy share, the functions with the most self samples, and the most inclusive
 ones (a function and everything it calls).
@@ -46,7 +47,7 @@ class Role:
 
 
 def role_of(process: str, stack: str) -> str:
-    if "forkserver" in process:
+    if "forkserver" in process or "worker_main" in process:
         return "parser process"
     if "concurrent/futures/thread.py" in stack and "Thread._bootstrap" in stack:
         return "crawl: SQL thread"

@@ -333,9 +333,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_crawl(a: argparse.Namespace) -> int:
-    from .parse_pool import warm_up_parsers
-
-    warm_up_parsers()  # in the background, while the rest starts up
     from .engine import run_crawl
     from .progress import ProgressDisplay
 

@@ -1229,6 +1229,18 @@ def parse_in_worker(job: ParseJob) -> ParseResult:
 
 #: multiprocessing.Connection's framing (4-byte signed big-endian length; -1 and then an 8-byte
 #: length for huge messages), so the worker side can use Connection.recv_bytes/send_bytes.
+def worker_main(jobs_fd: int, results_fd: int) -> None:
+    """A parser process's entry point (``parse_pool`` starts ``python -c`` on it): the pool
+    sends the :func:`init_worker` arguments first on the job pipe, then jobs."""
+    jobs = Connection(jobs_fd, writable=False)
+    results = Connection(results_fd, readable=False)
+    try:
+        initargs = pickle.loads(jobs.recv_bytes())
+    except (EOFError, OSError):
+        return  # the crawl ended before this worker was told what to parse
+    _pool_worker(jobs, results, initargs)
+
+
 def _pool_worker(jobs: Connection, results: Connection, initargs: tuple[Any, ...]) -> None:
     """A parser process: parse jobs in arrival order until the job pipe closes.
 
