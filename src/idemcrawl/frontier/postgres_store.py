@@ -26,11 +26,17 @@ if TYPE_CHECKING:
 #: in commit order and a reader's ``event_id > cursor`` never skips a late-committing event.
 _EVENTS_LOCK = 0x1DEC0E7E
 
+#: The hosts of a URL batch first (a URL row holds its host's id, schema 6), in key order.
+_INSERT_HOSTS = (
+    "INSERT INTO hosts (host_key) SELECT DISTINCT h FROM unnest(%b::text[]) AS l(h) "
+    "ORDER BY 1 ON CONFLICT DO NOTHING"
+)
 _INSERT_URLS = (
-    "INSERT INTO urls (url, host_key, state, reason, priority, depth, due_at, discovered_at, "
-    "kind, hops) SELECT u, h, s, r, p, d, %s, %s, k, n "
+    "INSERT INTO urls (url, host_id, state, reason, priority, depth, due_at, discovered_at, "
+    "kind, hops) SELECT l.u, hosts.host_id, l.s, l.r, l.p, l.d, %s, %s, l.k, l.n "
     "FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], "
-    "%b::text[], %b::int[]) AS l(u, h, s, r, p, d, k, n) "
+    "%b::text[], %b::int[]) WITH ORDINALITY AS l(u, h, s, r, p, d, k, n, o) "
+    "JOIN hosts ON hosts.host_key = l.h ORDER BY l.o "
     "ON CONFLICT (url) DO NOTHING"
 )
 
@@ -40,8 +46,9 @@ _INSERT_URLS = (
 _PICK_URLS = (
     f"SELECT w.host_key, {', '.join('p.' + c for c in PICK_COLUMNS)} "
     "FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY AS w(host_key, n, ord) "
+    "JOIN hosts AS h ON h.host_key = w.host_key "
     f"CROSS JOIN LATERAL (SELECT {PICK_COLS}, priority FROM urls "
-    "WHERE urls.host_key = w.host_key AND state = 'queued' AND due_at <= %s "
+    "WHERE urls.host_id = h.host_id AND state = 'queued' AND due_at <= %s "
     "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT w.n FOR UPDATE SKIP LOCKED) AS p "
     "ORDER BY w.ord, p.priority DESC, p.due_at"
 )
@@ -154,6 +161,7 @@ class PgStore(SQLStore):
         """Insert-if-absent in one statement; returns how many were new."""
         if not urls:
             return 0
+        self.cur.execute(_INSERT_HOSTS, ([u.host_key for u in urls],))
         self.cur.execute(
             _INSERT_URLS,
             (

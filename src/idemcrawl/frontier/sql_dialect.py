@@ -75,6 +75,18 @@ def cols(names: Iterable[str], prefix: str = "") -> str:
 HOST_COLS = cols(HOST_COLUMNS)
 PICK_COLS = cols(PICK_COLUMNS)
 
+#: Since schema 6 a URL row names its host by ``host_id`` (4 bytes, not the host key's text,
+#: which its queue index repeated too); a read that shows a URL's host key looks it up.
+URL_HOST_KEY = "(SELECT host_key FROM hosts WHERE hosts.host_id = urls.host_id)"
+#: The host id of a host key, as a scalar subquery (one probe of the hosts key index).
+HOST_ID = "(SELECT host_id FROM hosts WHERE host_key = ?)"
+
+
+def url_cols(names: Iterable[str]) -> str:
+    """Columns of ``urls`` for a SELECT, ``host_key`` looked up in ``hosts`` (schema 6)."""
+    return ", ".join(f"{URL_HOST_KEY} AS host_key" if n == "host_key" else n for n in names)
+
+
 #: Level 1 (``scheduler.host_ready`` in SQL, plus "something is due"): the EXISTS goes through
 #: urls_queue; planned on urls_state SQLite walks every queued URL per candidate host (6.2 ms at
 #: 12k queued, half the SQL thread) instead of 0.04 ms. ``OFFSET 0`` keeps PostgreSQL from
@@ -93,7 +105,7 @@ READY_HOSTS = (
     "AND backoff_until <= ? AND paused <> 1 "
     "AND in_flight < GREATEST(1, COALESCE(max_in_flight, CAST(? AS INTEGER)) "
     ">> LEAST(error_streak, CAST(? AS INTEGER))) "
-    "AND EXISTS (SELECT 1 FROM urls u INDEXED BY urls_queue WHERE u.host_key = hosts.host_key "
+    "AND EXISTS (SELECT 1 FROM urls u INDEXED BY urls_queue WHERE u.host_id = hosts.host_id "
     "AND u.state = 'queued' AND u.due_at <= ? ORDER BY u.priority DESC, u.due_at LIMIT 1 OFFSET 0) "
     "ORDER BY next_allowed_at LIMIT ? FOR UPDATE SKIP LOCKED"
 )
@@ -108,7 +120,7 @@ DONE_SET = ", ".join(
 FENCE = "url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?"
 FINISH = f"UPDATE urls SET {DONE_SET} WHERE {FENCE}"
 PICK_URLS = (
-    f"SELECT {PICK_COLS} FROM urls WHERE host_key = ? AND state = 'queued' AND due_at <= ? "
+    f"SELECT {PICK_COLS} FROM urls WHERE host_id = {HOST_ID} AND state = 'queued' AND due_at <= ? "
     "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT ? FOR UPDATE SKIP LOCKED"
 )
 
@@ -135,6 +147,6 @@ LEASE_LOG = (
 )
 
 
-def url_values(u: NewURL, now: float) -> tuple[Any, ...]:
+def url_values(u: NewURL, host_id: int, now: float) -> tuple[Any, ...]:
     """The ``urls`` values of one new URL, in ``SQLStore.insert_urls``' column order."""
-    return (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
+    return (u.url, host_id, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
