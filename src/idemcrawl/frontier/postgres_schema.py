@@ -315,9 +315,10 @@ CREATE TABLE cookies (
     # the statement-level triggers here already do one write per host per statement.
     ("COMMENT ON TRIGGER urls_insert ON urls IS 'hosts.queued/in_flight of inserted URLs (I6)'",),
     # 6: fewer bytes per URL (issue 14; see sqlite.py): URL rows and their queue index name the
-    # host by an integer id, the index on urls.state goes, per-state totals live in url_states
-    # (one row per state and server process: the triggers' upsert of one shared row per state
-    # would serialise every writer up to its COMMIT; stats() sums them).
+    # host by an integer id, the URL key is unique through a hash index, the index on
+    # urls.state goes, per-state totals live in url_states (one row per state and server
+    # process: the triggers' upsert of one shared row per state would serialise every writer
+    # up to its COMMIT; stats() sums them).
     (
         "DROP TRIGGER urls_insert ON urls",
         "DROP TRIGGER urls_state ON urls",
@@ -335,6 +336,11 @@ CREATE TABLE cookies (
         "DROP INDEX urls_queue",
         "DROP INDEX urls_state",
         "ALTER TABLE urls DROP COLUMN host_key",
+        # The URL key's text was indexed whole in a b-tree (89 bytes per URL); a hash index
+        # keeps 4 bytes of hash per URL and rechecks the text, and an exclusion constraint
+        # over it keeps the key unique (ON CONFLICT DO NOTHING takes it as the arbiter).
+        "ALTER TABLE urls DROP CONSTRAINT urls_url_key",
+        "ALTER TABLE urls ADD CONSTRAINT urls_url EXCLUDE USING hash (url WITH =)",
         "CREATE INDEX urls_queue ON urls (host_id, priority DESC, due_at) WHERE state = 'queued'",
         "CREATE INDEX urls_deferred ON urls (host_id) WHERE state = 'deferred'",
         "CREATE TABLE url_states (state TEXT NOT NULL, shard INTEGER NOT NULL, "

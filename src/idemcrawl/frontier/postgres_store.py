@@ -37,7 +37,7 @@ _INSERT_URLS = (
     "FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], "
     "%b::text[], %b::int[]) WITH ORDINALITY AS l(u, h, s, r, p, d, k, n, o) "
     "JOIN hosts ON hosts.host_key = l.h ORDER BY l.o "
-    "ON CONFLICT (url) DO NOTHING"
+    "ON CONFLICT DO NOTHING"  # the arbiter: urls_url, an exclusion constraint (schema 6)
 )
 
 #: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
