@@ -328,6 +328,14 @@ CREATE TABLE cookies (
         "DROP FUNCTION urls_count_delete()",
         "ALTER TABLE hosts ADD COLUMN host_id SERIAL",
         "ALTER TABLE hosts ADD CONSTRAINT hosts_host_id UNIQUE (host_id)",
+        # Every lease and completion changes its hosts' counts (the triggers below): with the
+        # ready index's predicate on a column that changes only when the count crosses zero,
+        # and room left in each page, such an update is HOT (no new index entries, its dead
+        # version pruned in the page) instead of a new wide row version that waits for vacuum.
+        "ALTER TABLE hosts ADD COLUMN has_work BOOLEAN GENERATED ALWAYS AS (queued > 0) STORED",
+        "DROP INDEX hosts_ready",
+        "CREATE INDEX hosts_ready ON hosts (next_allowed_at) WHERE has_work",
+        "ALTER TABLE hosts SET (fillfactor = 50)",
         "INSERT INTO hosts (host_key) SELECT DISTINCT host_key FROM urls ORDER BY 1 "
         "ON CONFLICT DO NOTHING",
         "ALTER TABLE urls ADD COLUMN host_id INTEGER",

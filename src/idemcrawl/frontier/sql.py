@@ -555,7 +555,7 @@ class SQLStore:
     ) -> list[tuple[str, float, float]]:
         rows = self._x(
             "SELECT host_key, next_allowed_at, GREATEST(next_allowed_at, backoff_until) "
-            "FROM hosts WHERE queued > 0 AND paused = 0 "
+            "FROM hosts WHERE HAS_WORK AND paused = 0 "
             "AND in_flight < GREATEST(1, COALESCE(max_in_flight, CAST(? AS INTEGER)) "
             ">> LEAST(error_streak, CAST(? AS INTEGER))) "
             "AND (next_allowed_at > ? OR (next_allowed_at = ? AND host_key > ?)) "

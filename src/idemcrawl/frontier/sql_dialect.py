@@ -4,9 +4,13 @@ Statements are written once in one spelling; a tiny dialect table (:class:`Diale
 into each engine's: ``?`` placeholders (``%s`` on PostgreSQL), ``GREATEST``/``LEAST``
 (``MAX``/``MIN`` on SQLite), ``IS DISTINCT FROM`` (``IS NOT``), row locks ``FOR UPDATE [SKIP
 LOCKED]`` / ``FOR SHARE`` (nothing on SQLite, whose writers serialise whole transactions), SQLite
-planner hints ``INDEXED BY`` (measured wins there; nothing on PostgreSQL) and insert-if-absent
-``ON CONFLICT DO NOTHING`` (``INSERT OR IGNORE``, faster on SQLite). The hot statements of the
-scheduler's primitives live here too; ``sql.SQLStore`` runs them.
+planner hints ``INDEXED BY`` (measured wins there; nothing on PostgreSQL), insert-if-absent
+``ON CONFLICT DO NOTHING`` (``INSERT OR IGNORE``, faster on SQLite) and ``HAS_WORK``, a host with
+queued URLs: ``queued > 0`` on SQLite; on PostgreSQL the stored column ``has_work`` computed from
+it, which the ready index's predicate names instead of ``queued``, so that an update of the count
+alone changes no indexed column and can be a HOT update (schema 6).
+
+The hot statements of the scheduler's primitives live here too; ``sql.SQLStore`` runs them.
 """
 
 from __future__ import annotations
@@ -56,13 +60,19 @@ SQLITE = Dialect(
         (r"\bLEAST\(", "MIN("),
         (r"\bIS DISTINCT FROM\b", "IS NOT"),
         (r" FOR (UPDATE( SKIP LOCKED)?|SHARE)\b", ""),
+        (r"\bHAS_WORK\b", "queued > 0"),
     ),
     array_param=False,
     row_locks=False,
 )
 POSTGRES = Dialect(
     "postgres",
-    ((r" INDEXED BY \w+", ""), (r"%", "%%"), (r"\?", "%s")),
+    (
+        (r" INDEXED BY \w+", ""),
+        (r"%", "%%"),
+        (r"\?", "%s"),
+        (r"\bHAS_WORK\b", "has_work"),
+    ),
     array_param=True,
     row_locks=True,
 )
@@ -101,7 +111,7 @@ def url_cols(names: Iterable[str]) -> str:
 #: no statistics yet (a crawl just seeded, before autovacuum's first ANALYZE) PostgreSQL guesses
 #: that ``= 0`` keeps 0.5% of hosts, and then sorts every ready host instead of walking the index.
 READY_HOSTS = (
-    f"SELECT {HOST_COLS} FROM hosts WHERE queued > 0 AND next_allowed_at <= ? "
+    f"SELECT {HOST_COLS} FROM hosts WHERE HAS_WORK AND next_allowed_at <= ? "
     "AND backoff_until <= ? AND paused <> 1 "
     "AND in_flight < GREATEST(1, COALESCE(max_in_flight, CAST(? AS INTEGER)) "
     ">> LEAST(error_streak, CAST(? AS INTEGER))) "
