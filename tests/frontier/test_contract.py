@@ -426,3 +426,33 @@ def test_per_state_totals_equal_a_count_of_the_rows(frontier: Frontier) -> None:
     assert frontier.reschedule_due(T0 + 20, 10) == 1  # a1's next round
     check()
     assert frontier.stats().urls_by_state["deferred"] == 0
+
+
+def test_next_due_is_never_later_than_a_queued_url(frontier: Frontier) -> None:
+    """``Progress.next_due_at`` (a per-host hint on the SQL backends since schema 6): no later
+    than any queued URL's due time, exact when a host's queue starts again from empty."""
+
+    def due() -> float | None:
+        queued = [r["due_at"] for r in frontier.url_rows() if r["state"] == "queued"]
+        p = frontier.progress(T0 + 100)
+        if not queued:
+            assert p.next_due_at is None
+            return None
+        assert p.next_due_at is not None and p.next_due_at <= min(queued)
+        return p.next_due_at
+
+    assert due() is None
+    frontier.add(urls("http://a", 2), T0)
+    assert due() == T0
+    leases = frontier.lease("w", 2, T0, 30, FAST)
+    assert due() is None
+    retry = [Failure(ls, "timeout", retry_at=T0 + 60) for ls in leases]
+    assert frontier.fail(retry, T0 + 1, FAST) == [True, True]
+    assert due() == T0 + 60  # the queue started again from empty: exact
+    frontier.add(urls("http://b", 1), T0 + 2)
+    assert due() == T0 + 2
+    (b,) = frontier.lease("w", 5, T0 + 2, 30, FAST)
+    assert b.host_key == "http://b"
+    page = Completion(b, 200, T0 + 3, links=urls("http://b", 1, start=5))
+    assert frontier.complete([page], T0 + 3, FAST) == [True]
+    assert due() == T0 + 3

@@ -138,7 +138,8 @@ def test_a_version_5_crawl_migrates_to_host_ids_and_state_totals(tmp_path: Path)
                 "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'urls'"
             )
         }
-        assert "urls_state" not in indexes and {"urls_queue", "urls_deferred"} <= indexes
+        assert not {"urls_state", "urls_due"} & indexes
+        assert {"urls_queue", "urls_deferred"} <= indexes
         check_migrated(f)
     finally:
         f.close()

@@ -56,6 +56,7 @@ def check_migrated(f: Any) -> None:
     }
     assert rows["http://a/4"]["lease_token"] == 7
     assert f.stats().urls_by_state == expected_states()
+    assert f.progress(T0).next_due_at == 0.0  # the hosts' due hints, set by the migration
     hosts = {h["host_key"]: (h["queued"], h["in_flight"]) for h in f.host_rows()}
     assert hosts == {"http://a": (3, 1), "http://b": (0, 0), "http://c": (0, 0)}
     fast = HostPolicy(max_in_flight=8, delay=0.0)

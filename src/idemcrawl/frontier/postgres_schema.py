@@ -79,10 +79,13 @@ COUNT_ON_INSERT = (
 CREATE FUNCTION urls_count_insert() RETURNS trigger LANGUAGE plpgsql
 SET search_path FROM CURRENT AS $$
 BEGIN
-    UPDATE hosts AS h SET queued = h.queued + d.dq, in_flight = h.in_flight + d.dl
+    UPDATE hosts AS h SET queued = h.queued + d.dq, in_flight = h.in_flight + d.dl,
+           due_hint = CASE WHEN d.dq = 0 THEN h.due_hint WHEN h.queued = 0 THEN d.due
+                           ELSE LEAST(h.due_hint, d.due) END
       FROM (SELECT host_id,
                    count(*) FILTER (WHERE state = 'queued') AS dq,
-                   count(*) FILTER (WHERE state = 'leased') AS dl
+                   count(*) FILTER (WHERE state = 'leased') AS dl,
+                   min(due_at) FILTER (WHERE state = 'queued') AS due
               FROM new_rows GROUP BY host_id) AS d
      WHERE h.host_id = d.host_id AND (d.dq <> 0 OR d.dl <> 0);"""
     + _STATE_DELTAS.format(rows="SELECT state, 1 AS d FROM new_rows")
@@ -97,15 +100,19 @@ COUNT_ON_UPDATE = (
 CREATE FUNCTION urls_count_update() RETURNS trigger LANGUAGE plpgsql
 SET search_path FROM CURRENT AS $$
 BEGIN
-    UPDATE hosts AS h SET queued = h.queued + d.dq, in_flight = h.in_flight + d.dl
-      FROM (SELECT host_id, sum(dq) AS dq, sum(dl) AS dl
-              FROM (SELECT host_id, (state = 'queued')::int AS dq, (state = 'leased')::int AS dl
+    UPDATE hosts AS h SET queued = h.queued + d.dq, in_flight = h.in_flight + d.dl,
+           due_hint = CASE WHEN d.due IS NULL THEN h.due_hint
+                           WHEN h.queued = 0 OR h.due_hint IS NULL THEN d.due
+                           ELSE LEAST(h.due_hint, d.due) END
+      FROM (SELECT host_id, sum(dq) AS dq, sum(dl) AS dl, min(due) AS due
+              FROM (SELECT host_id, (state = 'queued')::int AS dq, (state = 'leased')::int AS dl,
+                           CASE WHEN state = 'queued' THEN due_at END AS due
                       FROM new_rows
                     UNION ALL
-                    SELECT host_id, -(state = 'queued')::int, -(state = 'leased')::int
+                    SELECT host_id, -(state = 'queued')::int, -(state = 'leased')::int, NULL
                       FROM old_rows) AS c
              GROUP BY host_id
-            HAVING sum(dq) <> 0 OR sum(dl) <> 0) AS d
+            HAVING sum(dq) <> 0 OR sum(dl) <> 0 OR min(due) IS NOT NULL) AS d
      WHERE h.host_id = d.host_id;"""
     + _STATE_DELTAS.format(
         rows="SELECT state, 1 AS d FROM new_rows UNION ALL SELECT state, -1 FROM old_rows"
@@ -336,6 +343,10 @@ CREATE TABLE cookies (
         "DROP INDEX hosts_ready",
         "CREATE INDEX hosts_ready ON hosts (next_allowed_at) WHERE has_work",
         "ALTER TABLE hosts SET (fillfactor = 50)",
+        # progress() takes the earliest due time from the hosts' hints, which every URL
+        # entering a queue lowers (the triggers), instead of an index of every queued URL.
+        "ALTER TABLE hosts ADD COLUMN due_hint DOUBLE PRECISION",
+        "DROP INDEX urls_due",
         "INSERT INTO hosts (host_key) SELECT DISTINCT host_key FROM urls ORDER BY 1 "
         "ON CONFLICT DO NOTHING",
         "ALTER TABLE urls ADD COLUMN host_id INTEGER",
@@ -355,6 +366,8 @@ CREATE TABLE cookies (
         "n BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (state, shard))",
         "INSERT INTO url_states (state, shard, n) SELECT state, 0, count(*) FROM urls "
         "GROUP BY state",
+        "UPDATE hosts SET due_hint = q.d FROM (SELECT host_id, MIN(due_at) AS d FROM urls "
+        "WHERE state = 'queued' GROUP BY host_id) AS q WHERE q.host_id = hosts.host_id",
         COUNT_ON_INSERT,
         COUNT_ON_UPDATE,
         COUNT_ON_DELETE,

@@ -26,17 +26,18 @@ if TYPE_CHECKING:
 #: in commit order and a reader's ``event_id > cursor`` never skips a late-committing event.
 _EVENTS_LOCK = 0x1DEC0E7E
 
-#: The hosts of a URL batch first (a URL row holds its host's id, schema 6), in key order.
+#: A URL row holds its host's id (schema 6): the ids of a batch's hosts are read once per
+#: host, and the missing hosts created (in key order) only when some are missing.
+_HOST_IDS = "SELECT host_key, host_id FROM hosts WHERE host_key = ANY(%b::text[])"
 _INSERT_HOSTS = (
-    "INSERT INTO hosts (host_key) SELECT DISTINCT h FROM unnest(%b::text[]) AS l(h) "
+    "INSERT INTO hosts (host_key) SELECT h FROM unnest(%b::text[]) AS l(h) "
     "ORDER BY 1 ON CONFLICT DO NOTHING"
 )
 _INSERT_URLS = (
     "INSERT INTO urls (url, host_id, state, reason, priority, depth, due_at, discovered_at, "
-    "kind, hops) SELECT l.u, hosts.host_id, l.s, l.r, l.p, l.d, %s, %s, l.k, l.n "
-    "FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], "
-    "%b::text[], %b::int[]) WITH ORDINALITY AS l(u, h, s, r, p, d, k, n, o) "
-    "JOIN hosts ON hosts.host_key = l.h ORDER BY l.o "
+    "kind, hops) SELECT u, h, s, r, p, d, %s, %s, k, n "
+    "FROM unnest(%b::text[], %b::int[], %b::text[], %b::text[], %b::int[], %b::int[], "
+    "%b::text[], %b::int[]) AS l(u, h, s, r, p, d, k, n) "
     "ON CONFLICT DO NOTHING"  # the arbiter: urls_url, an exclusion constraint (schema 6)
 )
 
@@ -161,14 +162,14 @@ class PgStore(SQLStore):
         """Insert-if-absent in one statement; returns how many were new."""
         if not urls:
             return 0
-        self.cur.execute(_INSERT_HOSTS, ([u.host_key for u in urls],))
+        ids = self.host_ids(sorted({u.host_key for u in urls}))
         self.cur.execute(
             _INSERT_URLS,
             (
                 float(now),
                 float(now),
                 [u.url for u in urls],
-                [u.host_key for u in urls],
+                [ids[u.host_key] for u in urls],
                 [u.state for u in urls],
                 [u.reason for u in urls],
                 [int(u.priority) for u in urls],
@@ -178,6 +179,17 @@ class PgStore(SQLStore):
             ),
         )
         return max(self.cur.rowcount, 0)
+
+    def host_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        """The ids of the hosts ``keys`` (sorted), creating the missing rows first."""
+        ids = {k: int(i) for k, i in self.cur.execute(_HOST_IDS, (list(keys),)).fetchall()}
+        missing = [k for k in keys if k not in ids]
+        if missing:
+            self.cur.execute(_INSERT_HOSTS, (missing,))
+            ids.update(
+                (k, int(i)) for k, i in self.cur.execute(_HOST_IDS, (missing,)).fetchall()
+            )
+        return ids
 
     def pick_urls(
         self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float

@@ -311,7 +311,7 @@ class SQLStore:
         if not urls:
             return 0
         ids = self.host_ids(sorted({u.host_key for u in urls}))
-        per_host: dict[int, list[int]] = {}
+        per_host: dict[int, list[Any]] = {}
         per_state: Counter[str] = Counter()
         width = 10
         step = max(1, self.dialect.max_params // width)
@@ -328,9 +328,18 @@ class SQLStore:
                 counts = per_host.setdefault(host_id, [0, 0])
                 counts[0] += state == "queued"
                 counts[1] += state == "leased"
+        # every new URL is due at ``now``: a host that gets queued URLs has one due by now
         self._xm(
-            "UPDATE hosts SET queued = queued + ?, in_flight = in_flight + ? WHERE host_id = ?",
-            [(*per_host[h], h) for h in sorted(per_host) if per_host[h] != [0, 0]],
+            "UPDATE hosts SET queued = queued + ?, in_flight = in_flight + ?, due_hint = "
+            "CASE WHEN ? = 0 THEN due_hint WHEN queued = 0 THEN ? "
+            "ELSE LEAST(COALESCE(due_hint, ?), ?) END "
+            "WHERE host_id = ?",
+            [
+                (q, n, q, now, now, now, h)
+                for h in sorted(per_host)
+                for q, n in [per_host[h]]
+                if q or n
+            ],
         )
         self._xm(
             "INSERT INTO url_states(state, n) VALUES (?, ?) "
@@ -535,13 +544,13 @@ class SQLStore:
     # -- read side -----------------------------------------------------------------------------
 
     def progress(self, now: float) -> Progress:
-        # One statement, so one snapshot; the partial indexes make the MINs cheap.
+        # One statement, so one snapshot; the partial indexes make the MINs cheap, and the
+        # earliest due time is the hosts' hints (schema 6), no index of every queued URL.
         row = self._x(
             "WITH t AS (SELECT COALESCE(SUM(queued), 0) AS q, COALESCE(SUM(in_flight), 0) AS l, "
-            "MIN(CASE WHEN queued > 0 THEN GREATEST(next_allowed_at, backoff_until) END) AS r "
-            "FROM hosts) "
-            "SELECT q, l, CASE WHEN q > 0 THEN "
-            "(SELECT MIN(due_at) FROM urls INDEXED BY urls_due WHERE state = 'queued') END, "
+            "MIN(CASE WHEN queued > 0 THEN GREATEST(next_allowed_at, backoff_until) END) AS r, "
+            "MIN(CASE WHEN queued > 0 THEN due_hint END) AS d FROM hosts) "
+            "SELECT q, l, CASE WHEN q > 0 THEN d END, "
             "CASE WHEN l > 0 THEN "
             "(SELECT MIN(lease_expires_at) FROM urls WHERE state = 'leased') END, r, "
             "(SELECT MIN(next_fetch_at) FROM urls INDEXED BY urls_refetch WHERE state = 'done') "

@@ -232,8 +232,11 @@ CREATE TABLE cookies (
     # repeating the host key's text, and so does its queue index; the index on urls.state goes
     # (34 bytes per URL): its readers use the partial indexes of leased and deferred URLs, and
     # the per-state totals are kept in url_states (by the insert and the state trigger), so
-    # stats() reads eight rows instead of counting every URL. SQLite cannot change a column or
-    # a primary key in place: hosts and urls are rebuilt, in one transaction.
+    # stats() reads eight rows instead of counting every URL. The index of queued URLs by due
+    # time goes too (16 bytes per URL): progress() takes the earliest due time from each host's
+    # due_hint, which every URL entering its queue lowers (the state trigger, the insert).
+    # SQLite cannot change a column or a primary key in place: hosts and urls are rebuilt, in
+    # one transaction.
     """
 CREATE TABLE hosts6 (
     host_id         INTEGER PRIMARY KEY,
@@ -258,7 +261,8 @@ CREATE TABLE hosts6 (
     robots_meta     TEXT,
     robots_failures INTEGER NOT NULL DEFAULT 0,
     backoff_reason  TEXT,
-    budget          INTEGER
+    budget          INTEGER,
+    due_hint        REAL                          -- <= due_at of each of its queued URLs
 );
 INSERT INTO hosts6 (host_key, next_allowed_at, in_flight, queued, max_in_flight, delay,
     backoff_until, error_streak, latency_ewma, paused, pause_reason, robots_state, robots_body,
@@ -322,7 +326,6 @@ CREATE INDEX hosts_ready ON hosts(next_allowed_at) WHERE queued > 0;
 CREATE INDEX urls_queue ON urls(host_id, priority DESC, due_at) WHERE state = 'queued';
 CREATE INDEX urls_leases ON urls(lease_expires_at) WHERE state = 'leased';
 CREATE INDEX urls_refetch ON urls(next_fetch_at) WHERE state = 'done';
-CREATE INDEX urls_due ON urls(due_at) WHERE state = 'queued';
 CREATE INDEX urls_deferred ON urls(host_id) WHERE state = 'deferred';
 -- URLs per state: = count(*) of urls by state (the insert counts its rows, the trigger the
 -- changes), one row per state of base.STATES.
@@ -331,9 +334,14 @@ INSERT INTO url_states(state) VALUES ('queued'), ('leased'), ('done'), ('failed'
     ('out_of_scope'), ('disallowed'), ('deferred'), ('rejected');
 INSERT INTO url_states(state, n) SELECT state, count(*) FROM urls GROUP BY state
     ON CONFLICT(state) DO UPDATE SET n = excluded.n;
+UPDATE hosts SET due_hint = (SELECT MIN(due_at) FROM urls INDEXED BY urls_queue
+    WHERE urls.host_id = hosts.host_id AND state = 'queued');
 CREATE TRIGGER urls_state AFTER UPDATE OF state ON urls WHEN OLD.state IS NOT NEW.state BEGIN
     UPDATE hosts SET queued = queued + (NEW.state = 'queued') - (OLD.state = 'queued'),
-                     in_flight = in_flight + (NEW.state = 'leased') - (OLD.state = 'leased')
+                     in_flight = in_flight + (NEW.state = 'leased') - (OLD.state = 'leased'),
+                     due_hint = CASE WHEN NEW.state <> 'queued' THEN due_hint
+                                     WHEN queued = 0 THEN NEW.due_at
+                                     ELSE MIN(COALESCE(due_hint, NEW.due_at), NEW.due_at) END
      WHERE host_id = NEW.host_id;
     UPDATE url_states SET n = n + (state = NEW.state) - (state = OLD.state)
      WHERE state IN (OLD.state, NEW.state);
