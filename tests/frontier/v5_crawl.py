@@ -37,6 +37,13 @@ def write_v5_rows(execute: Any, mark: str) -> None:
             f"lease_expires_at) VALUES ({', '.join([mark] * 6)})",
             (url, host, state, owner, token, expires),
         )
+    # two grants on http://a: the second one broke its allowance (1 in flight before, of 1)
+    for granted_at, in_flight in ((T0 - 10, 0), (T0 - 5, 1)):
+        execute(
+            "INSERT INTO lease_log (host_key, url_id, kind, granted_at, eligible_at, min_gap, "
+            f"allowance, in_flight_before) VALUES ({', '.join([mark] * 8)})",
+            ("http://a", 4, "page", granted_at, granted_at, 0.0, 1, in_flight),
+        )
 
 
 def expected_states() -> dict[str, int]:
@@ -57,6 +64,8 @@ def check_migrated(f: Any) -> None:
     assert rows["http://a/4"]["lease_token"] == 7
     assert f.stats().urls_by_state == expected_states()
     assert f.progress(T0).next_due_at == 0.0  # the hosts' due hints, set by the migration
+    audit = f.lease_audit()  # the lease log, by host id now
+    assert (audit["grants"], audit["violations_by_host"]) == (2, {"http://a": 1})
     hosts = {h["host_key"]: (h["queued"], h["in_flight"]) for h in f.host_rows()}
     assert hosts == {"http://a": (3, 1), "http://b": (0, 0), "http://c": (0, 0)}
     fast = HostPolicy(max_in_flight=8, delay=0.0)

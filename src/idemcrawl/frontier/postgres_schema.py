@@ -342,7 +342,7 @@ CREATE TABLE cookies (
         "ALTER TABLE hosts ADD COLUMN has_work BOOLEAN GENERATED ALWAYS AS (queued > 0) STORED",
         "DROP INDEX hosts_ready",
         "CREATE INDEX hosts_ready ON hosts (next_allowed_at) WHERE has_work",
-        "ALTER TABLE hosts SET (fillfactor = 50)",
+        "ALTER TABLE hosts SET (fillfactor = 70)",
         # progress() takes the earliest due time from the hosts' hints, which every URL
         # entering a queue lowers (the triggers), instead of an index of every queued URL.
         "ALTER TABLE hosts ADD COLUMN due_hint DOUBLE PRECISION",
@@ -362,6 +362,16 @@ CREATE TABLE cookies (
         "ALTER TABLE urls ADD CONSTRAINT urls_url EXCLUDE USING hash (url WITH =)",
         "CREATE INDEX urls_queue ON urls (host_id, priority DESC, due_at) WHERE state = 'queued'",
         "CREATE INDEX urls_deferred ON urls (host_id) WHERE state = 'deferred'",
+        # The lease log names the host by its id too (one row per grant).
+        "INSERT INTO hosts (host_key) SELECT DISTINCT host_key FROM lease_log ORDER BY 1 "
+        "ON CONFLICT DO NOTHING",
+        "ALTER TABLE lease_log ADD COLUMN host_id INTEGER",
+        "UPDATE lease_log SET host_id = h.host_id FROM hosts h "
+        "WHERE h.host_key = lease_log.host_key",
+        "ALTER TABLE lease_log ALTER COLUMN host_id SET NOT NULL",
+        "DROP INDEX lease_log_host",
+        "ALTER TABLE lease_log DROP COLUMN host_key",
+        "CREATE INDEX lease_log_host ON lease_log (host_id, granted_at)",
         "CREATE TABLE url_states (state TEXT NOT NULL, shard INTEGER NOT NULL, "
         "n BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (state, shard))",
         "INSERT INTO url_states (state, shard, n) SELECT state, 0, count(*) FROM urls "

@@ -225,9 +225,10 @@ class PgStore(SQLStore):
                  [ls.token for _, _, ls in leases]),
             )  # fmt: skip
             cur.execute(
-                "INSERT INTO lease_log (host_key, url_id, kind, granted_at, eligible_at, "
+                "INSERT INTO lease_log (host_id, url_id, kind, granted_at, eligible_at, "
                 "min_gap, allowance, in_flight_before) "
-                "SELECT g.host_key, g.url_id, g.kind, g.granted_at, g.eligible_at, g.min_gap, "
+                "SELECT (SELECT host_id FROM hosts WHERE host_key = g.host_key), g.url_id, "
+                "g.kind, g.granted_at, g.eligible_at, g.min_gap, "
                 "g.allowance, g.in_flight FROM unnest(%b::float8[], %b::text[], %b::bigint[], "
                 "%b::text[], %b::float8[], %b::float8[], %b::int[], %b::int[]) WITH ORDINALITY "
                 "AS g(granted_at, host_key, url_id, kind, eligible_at, min_gap, allowance, "

@@ -648,12 +648,13 @@ class SQLStore:
 
     def audit_facts(self) -> tuple[list[tuple[str, int]], list[float], int]:
         gap_or_slot = self._x(
-            "SELECT host_key, count(*) FROM (SELECT host_key, granted_at, allowance, "
+            "SELECT h.host_key, count(*) FROM (SELECT host_id, granted_at, allowance, "
             "in_flight_before, LAG(granted_at) OVER w AS prev_at, "
             "LAG(min_gap) OVER w AS prev_gap FROM lease_log "
-            "WINDOW w AS (PARTITION BY host_key ORDER BY granted_at, id)) AS g "
+            "WINDOW w AS (PARTITION BY host_id ORDER BY granted_at, id)) AS g "
+            "JOIN hosts AS h ON h.host_id = g.host_id "
             "WHERE in_flight_before >= allowance OR granted_at < prev_at + prev_gap - 1e-6 "
-            "GROUP BY host_key"
+            "GROUP BY h.host_key"
         ).fetchall()
         delays = [
             float(r[0])

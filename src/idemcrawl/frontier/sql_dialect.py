@@ -152,8 +152,8 @@ FAIL_SET = (
     + ", lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
 )
 LEASE_LOG = (
-    "INSERT INTO lease_log(host_key, url_id, kind, granted_at, eligible_at, min_gap, allowance, "
-    "in_flight_before) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO lease_log(host_id, url_id, kind, granted_at, eligible_at, min_gap, allowance, "
+    f"in_flight_before) VALUES ({HOST_ID}, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 

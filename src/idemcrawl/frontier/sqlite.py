@@ -336,6 +336,25 @@ INSERT INTO url_states(state, n) SELECT state, count(*) FROM urls GROUP BY state
     ON CONFLICT(state) DO UPDATE SET n = excluded.n;
 UPDATE hosts SET due_hint = (SELECT MIN(due_at) FROM urls INDEXED BY urls_queue
     WHERE urls.host_id = hosts.host_id AND state = 'queued');
+-- The lease log names the host by its id too (one row per grant).
+INSERT OR IGNORE INTO hosts (host_key) SELECT DISTINCT host_key FROM lease_log ORDER BY host_key;
+CREATE TABLE lease_log6 (
+    id               INTEGER PRIMARY KEY,
+    host_id          INTEGER NOT NULL,            -- hosts.host_id
+    url_id           INTEGER NOT NULL,
+    kind             TEXT    NOT NULL,
+    granted_at       REAL    NOT NULL,
+    eligible_at      REAL    NOT NULL,
+    min_gap          REAL    NOT NULL,
+    allowance        INTEGER NOT NULL,
+    in_flight_before INTEGER NOT NULL
+);
+INSERT INTO lease_log6 SELECT l.id, h.host_id, l.url_id, l.kind, l.granted_at, l.eligible_at,
+    l.min_gap, l.allowance, l.in_flight_before
+FROM lease_log AS l JOIN hosts AS h ON h.host_key = l.host_key ORDER BY l.id;
+DROP TABLE lease_log;
+ALTER TABLE lease_log6 RENAME TO lease_log;
+CREATE INDEX lease_log_host ON lease_log(host_id, granted_at);
 CREATE TRIGGER urls_state AFTER UPDATE OF state ON urls WHEN OLD.state IS NOT NEW.state BEGIN
     UPDATE hosts SET queued = queued + (NEW.state = 'queued') - (OLD.state = 'queued'),
                      in_flight = in_flight + (NEW.state = 'leased') - (OLD.state = 'leased'),
