@@ -229,9 +229,9 @@ class SQLStore:
         return [
             (int(r[0]), r[1])
             for r in self._x(
-                "SELECT u.url_id, h.host_key FROM urls AS u INDEXED BY urls_leases "
-                "JOIN hosts AS h ON h.host_id = u.host_id "
-                "WHERE u.state = 'leased' AND u.lease_expires_at <= ?",
+                # the host key looked up per row found: a join may hash all of hosts first
+                f"SELECT url_id, {URL_HOST_KEY} FROM urls INDEXED BY urls_leases "
+                "WHERE state = 'leased' AND lease_expires_at <= ?",
                 (now,),
             ).fetchall()
         ]
@@ -253,9 +253,8 @@ class SQLStore:
         return [
             r[0]
             for r in self._x(
-                "SELECT DISTINCT h.host_key FROM urls AS u INDEXED BY urls_leases "
-                "JOIN hosts AS h ON h.host_id = u.host_id "
-                "WHERE u.state = 'leased' AND u.lease_owner = ?",
+                f"SELECT DISTINCT {URL_HOST_KEY} FROM urls INDEXED BY urls_leases "
+                "WHERE state = 'leased' AND lease_owner = ?",
                 (owner,),
             ).fetchall()
         ]
@@ -461,8 +460,8 @@ class SQLStore:
             for r in self._x(
                 "SELECT host_key FROM hosts WHERE robots_failures > 0 "
                 "OR robots_state = 'disallow_all' UNION "
-                "SELECT h.host_key FROM urls AS u INDEXED BY urls_deferred "
-                "JOIN hosts AS h ON h.host_id = u.host_id WHERE u.state = 'deferred'"
+                f"SELECT {URL_HOST_KEY} FROM urls INDEXED BY urls_deferred "
+                "WHERE state = 'deferred'"
             ).fetchall()
         ]
 
