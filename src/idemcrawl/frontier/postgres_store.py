@@ -2,9 +2,10 @@
 operations PostgreSQL does set-based.
 
 Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
-10 statements in 8 round trips and a completion batch 9 in 8, whatever their size (issue 14):
-URL inserts, level 2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced
-completion update, host updates, record upserts and events. Arrays are bound in binary. The
+11 statements in 9 round trips and a completion batch 10 in 9 (``bench frontier``'s trace),
+whatever their size (issue 14): URL inserts (their hosts' ids read once per host first, schema
+6), level 2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced completion
+update, host updates, record upserts and events. Arrays are bound in binary. The
 connection, transactions and retries are ``postgres.py``'s.
 """
 
