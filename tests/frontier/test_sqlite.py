@@ -97,7 +97,7 @@ def test_a_version_4_crawl_migrates_and_keeps_counting_its_hosts(tmp_path: Path)
         triggers = f._db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
         ).fetchall()
-        assert triggers == [("urls_state",)]
+        assert triggers == [("urls_state",), ("urls_state_total",)]
         new = [NewURL(f"http://a/{i}", "http://a") for i in range(5)]
         new += [NewURL("http://b/x", "http://b", state="rejected", reason="trap")]
         assert f.add(new, 1.0) == 5  # http://a/1 was there

@@ -205,11 +205,15 @@ class SQLStore:
         )
 
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
-        self._xm(
+        """The leases, the lease log and the hosts' tokens; the grants move their URLs from
+        queued to leased in ``url_states`` themselves (SQLite's total trigger leaves that
+        change to them: one statement per lease call instead of one per URL)."""
+        leased = self._xm(
             "UPDATE urls SET state = 'leased', lease_owner = ?, lease_token = ?, "
-            "lease_expires_at = ?, leased_at = ? WHERE url_id = ?",
+            "lease_expires_at = ?, leased_at = ? WHERE url_id = ? AND state = 'queued'",
             [(owner, ls.token, expires, now, ls.url_id) for g in grants for ls in g.leases],
         )
+        self._move_states("queued", "leased", leased)
         self._xm(
             LEASE_LOG,
             [
@@ -275,7 +279,7 @@ class SQLStore:
         live ones (the update keeps the fence in its WHERE too). Atomic: the transaction
         holds the write lock (SQLite) from the read on."""
         live = self.live_leases([c.lease for c in completions])
-        self._xm(
+        done = self._xm(
             FINISH,
             [
                 (*done_values(c), c.lease.url_id, c.lease.version, c.lease.token)
@@ -283,7 +287,17 @@ class SQLStore:
                 if ok
             ],
         )
+        self._move_states("leased", "done", done)  # as grant(): not counted by the trigger
         return live
+
+    def _move_states(self, old: str, new: str, n: int) -> None:
+        """``n`` URLs went from state ``old`` to ``new`` (``url_states``, SQLite)."""
+        if n:
+            self._x(
+                "UPDATE url_states SET n = n + CASE WHEN state = ? THEN ? ELSE ? END "
+                "WHERE state IN (?, ?)",
+                (new, n, -n, old, new),
+            )
 
     def live_leases(self, leases: Sequence[Lease]) -> list[bool]:
         live: dict[int, tuple[int, int]] = {}

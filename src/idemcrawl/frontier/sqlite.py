@@ -362,6 +362,12 @@ CREATE TRIGGER urls_state AFTER UPDATE OF state ON urls WHEN OLD.state IS NOT NE
                                      WHEN queued = 0 THEN NEW.due_at
                                      ELSE MIN(COALESCE(due_hint, NEW.due_at), NEW.due_at) END
      WHERE host_id = NEW.host_id;
+END;
+-- A grant (queued -> leased) and a completion (leased -> done) count their URLs in one
+-- statement per batch (sql.SQLStore.grant, finish): the two moves of every page, not per row.
+CREATE TRIGGER urls_state_total AFTER UPDATE OF state ON urls WHEN OLD.state IS NOT NEW.state
+    AND NOT (OLD.state = 'queued' AND NEW.state = 'leased')
+    AND NOT (OLD.state = 'leased' AND NEW.state = 'done') BEGIN
     UPDATE url_states SET n = n + (state = NEW.state) - (state = OLD.state)
      WHERE state IN (OLD.state, NEW.state);
 END;
