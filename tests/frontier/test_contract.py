@@ -371,3 +371,88 @@ def test_start_up_reads_come_a_page_at_a_time(frontier: Frontier) -> None:
     hashes = pages(frontier.simhashes, 0, lambda r: r[0])
     expected = sorted((ls.url_id, i + 1) for i, ls in enumerate(leases))
     assert [(u, h) for p in hashes for u, h, _ in p] == expected
+
+
+def _counted(frontier: Frontier) -> dict[str, int]:
+    """URLs per state counted row by row: what ``stats()`` must report without counting."""
+    from idemcrawl.frontier.base import STATES
+
+    out = dict.fromkeys(STATES, 0)
+    for row in frontier.url_rows():
+        out[row["state"]] += 1
+    return out
+
+
+def test_per_state_totals_equal_a_count_of_the_rows(frontier: Frontier) -> None:
+    """``stats().urls_by_state`` comes from kept totals (schema 6: ``url_states``), not from a
+    count of every URL: after every kind of state change it still equals the count."""
+
+    def check() -> None:
+        assert frontier.stats().urls_by_state == _counted(frontier)
+
+    frontier.add(urls("http://a", 4) + urls("http://b", 3) + urls("http://c", 2), T0)
+    frontier.add(
+        [*urls("http://a", 2), NewURL("http://d/x", "http://d", state="rejected", reason="trap")],
+        T0,
+    )  # two duplicates, one rejected
+    check()
+    leases = frontier.lease("w", 6, T0, 10, FAST)
+    assert len(leases) == 6
+    check()
+    by_host: dict[str, list[Any]] = {}
+    for ls in leases:
+        by_host.setdefault(ls.host_key, []).append(ls)
+    a1, a2, a3 = by_host["http://a"][:3]
+    links = [*urls("http://a", 3, start=10), NewURL("http://e/y", "http://e")]
+    done = [
+        Completion(a1, 200, T0 + 1, [], links, "h", 10, next_fetch_at=T0 + 5),
+        Completion(a1, 200, T0 + 1),  # the same lease twice in one batch: once only
+    ]
+    assert frontier.complete(done, T0 + 1, FAST) == [True, False]
+    check()
+    assert frontier.fail([Failure(a2, "timeout", retry_at=T0 + 2)], T0 + 1, FAST) == [True]
+    assert frontier.fail([Failure(a3, "gone", retry_at=None)], T0 + 1, FAST) == [True]
+    check()
+    assert frontier.expire(T0 + 10) == 3  # the b and c leases
+    check()
+    frontier.lease("other", 2, T0 + 11, 10, FAST)
+    assert frontier.release_owner("other") > 0
+    check()
+    frontier.control("block", "http://b")
+    check()
+    assert frontier.stats().urls_by_state["deferred"] == 3
+    frontier.control("unblock", "http://b")
+    check()
+    assert frontier.reschedule_due(T0 + 20, 10) == 1  # a1's next round
+    check()
+    assert frontier.stats().urls_by_state["deferred"] == 0
+
+
+def test_next_due_is_never_later_than_a_queued_url(frontier: Frontier) -> None:
+    """``Progress.next_due_at`` (a per-host hint on the SQL backends since schema 6): no later
+    than any queued URL's due time, exact when a host's queue starts again from empty."""
+
+    def due() -> float | None:
+        queued = [r["due_at"] for r in frontier.url_rows() if r["state"] == "queued"]
+        p = frontier.progress(T0 + 100)
+        if not queued:
+            assert p.next_due_at is None
+            return None
+        assert p.next_due_at is not None and p.next_due_at <= min(queued)
+        return p.next_due_at
+
+    assert due() is None
+    frontier.add(urls("http://a", 2), T0)
+    assert due() == T0
+    leases = frontier.lease("w", 2, T0, 30, FAST)
+    assert due() is None
+    retry = [Failure(ls, "timeout", retry_at=T0 + 60) for ls in leases]
+    assert frontier.fail(retry, T0 + 1, FAST) == [True, True]
+    assert due() == T0 + 60  # the queue started again from empty: exact
+    frontier.add(urls("http://b", 1), T0 + 2)
+    assert due() == T0 + 2
+    (b,) = frontier.lease("w", 5, T0 + 2, 30, FAST)
+    assert b.host_key == "http://b"
+    page = Completion(b, 200, T0 + 3, links=urls("http://b", 1, start=5))
+    assert frontier.complete([page], T0 + 3, FAST) == [True]
+    assert due() == T0 + 3

@@ -104,6 +104,47 @@ def test_migrations_are_versioned_and_idempotent(dsn: str, new_schema, admin) ->
     assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
 
 
+def test_a_version_5_schema_migrates_in_place(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """Version 6 in place on a version-5 schema: URL rows get their host's id instead of its
+    key, the state index goes, per-state totals start from a count; rows, host counts and
+    leases survive, and the new triggers keep counting."""
+    from psycopg import sql
+
+    from idemcrawl.frontier.postgres_schema import MIGRATIONS
+    from idemcrawl.frontier.store import SCHEMA_VERSION
+
+    from .v5_crawl import check_migrated, write_v5_rows
+
+    schema = new_schema()
+    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+    admin.execute(
+        "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+        "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    )
+    for version, statements in enumerate(MIGRATIONS[:5], start=1):
+        for stmt in statements:
+            admin.execute(stmt)
+        admin.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+    write_v5_rows(admin.execute, "%s")  # version 5's triggers count the hosts
+    admin.execute("RESET search_path")
+    f = _open(dsn, schema)
+    try:
+        assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
+        indexes = {
+            r[0]
+            for r in admin.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'urls'",
+                (schema,),
+            ).fetchall()
+        }
+        assert not {"urls_state", "urls_due"} & indexes
+        assert {"urls_queue", "urls_deferred"} <= indexes
+        check_migrated(f)
+    finally:
+        f.close()
+
+
 _OPEN_AT = (
     "import sys, time\n"
     "from idemcrawl.frontier.postgres import PostgresFrontier\n"
@@ -209,15 +250,20 @@ def test_triggers_keep_host_counts_exact(dsn: str, new_schema, admin) -> None:  
     rows = admin.execute(
         sql.SQL(
             "SELECT h.host_key, h.queued, h.in_flight, "
-            "(SELECT count(*) FROM {s}.urls u WHERE u.host_key = h.host_key "
+            "(SELECT count(*) FROM {s}.urls u WHERE u.host_id = h.host_id "
             "AND u.state = 'queued'), "
-            "(SELECT count(*) FROM {s}.urls u WHERE u.host_key = h.host_key "
+            "(SELECT count(*) FROM {s}.urls u WHERE u.host_id = h.host_id "
             "AND u.state = 'leased') FROM {s}.hosts h ORDER BY 1"
         ).format(s=ident)
     ).fetchall()
     assert [r[0] for r in rows] == ["http://a", "http://b", "http://c"]
     for host, queued, in_flight, queued_n, leased_n in rows:
         assert (queued, in_flight) == (queued_n, leased_n), host
+    # ... and so do the per-state totals, the delete included (schema 6)
+    counted = admin.execute(
+        sql.SQL("SELECT state, count(*) FROM {}.urls GROUP BY state").format(ident)
+    ).fetchall()
+    assert {k: v for k, v in f.stats().urls_by_state.items() if v} == dict(counted)
     f.close()
 
 

@@ -97,12 +97,49 @@ def test_a_version_4_crawl_migrates_and_keeps_counting_its_hosts(tmp_path: Path)
         triggers = f._db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
         ).fetchall()
-        assert triggers == [("urls_state",)]
+        assert triggers == [("urls_state",), ("urls_state_total",)]
         new = [NewURL(f"http://a/{i}", "http://a") for i in range(5)]
         new += [NewURL("http://b/x", "http://b", state="rejected", reason="trap")]
         assert f.add(new, 1.0) == 5  # http://a/1 was there
         assert len(f.lease("w", 1, 2.0, 30, HostPolicy(delay=0.0))) == 1
         rows = {h["host_key"]: (h["queued"], h["in_flight"]) for h in f.host_rows()}
         assert rows == {"http://a": (4, 1), "http://b": (0, 0)}
+    finally:
+        f.close()
+
+
+def test_a_version_5_crawl_migrates_to_host_ids_and_state_totals(tmp_path: Path) -> None:
+    """Version 6 rebuilds hosts and urls (host ids instead of host keys in URL rows, no state
+    index, per-state totals): every row, count and lease survives, in place."""
+    from idemcrawl.frontier.sqlite import MIGRATIONS
+
+    from .v5_crawl import check_migrated, write_v5_rows
+
+    path = tmp_path / "v5.db"
+    con = sqlite3.connect(path)
+    for script in MIGRATIONS[:5]:
+        con.executescript(script)
+    con.execute("PRAGMA user_version=5")
+    write_v5_rows(con.execute, "?")
+    # version 5 counted inserted URLs in the insert statement: set what it would have
+    con.execute(
+        "UPDATE hosts SET queued = (SELECT count(*) FROM urls u WHERE u.host_key = "
+        "hosts.host_key AND u.state = 'queued'), in_flight = (SELECT count(*) FROM urls u "
+        "WHERE u.host_key = hosts.host_key AND u.state = 'leased')"
+    )
+    con.commit()
+    con.close()
+    f = SQLiteFrontier(str(path))
+    try:
+        assert f._db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        indexes = {
+            r[0]
+            for r in f._db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'urls'"
+            )
+        }
+        assert not {"urls_state", "urls_due"} & indexes
+        assert {"urls_queue", "urls_deferred"} <= indexes
+        check_migrated(f)
     finally:
         f.close()

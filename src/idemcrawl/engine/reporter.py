@@ -79,7 +79,7 @@ class Reporter:
         now = clock.monotonic()
         report = None
         if now >= self._next_frontier_read:
-            self._next_frontier_read = now + FRONTIER_EVERY  # O(URLs) counts: not every tick
+            self._next_frontier_read = now + FRONTIER_EVERY  # the host report: O(hosts)
             stats = await self._call(self._frontier.stats)
             self._urls = {k: v for k, v in stats.urls_by_state.items() if v}
             self._requests, self._records = stats.counters.get("fetches", 0), stats.records

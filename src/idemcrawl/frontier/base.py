@@ -421,6 +421,11 @@ class Progress:
 
     queued: int
     leased: int
+    #: The earliest due time of a queued URL, or earlier: the SQL backends keep a per-host hint
+    #: that each URL entering a host's queue lowers and that is exact again whenever the host's
+    #: queue restarts from empty (schema 6, instead of an index of every queued URL by due
+    #: time); a host whose earliest URL left the queue keeps the lower value meanwhile.
+    #: None when nothing is queued.
     next_due_at: float | None
     next_lease_expiry: float | None
     next_host_ready_at: float | None

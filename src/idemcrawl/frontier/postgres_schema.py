@@ -65,6 +65,82 @@ BEGIN
 END
 $$"""
 
+# Schema 6: the same three counts by host_id, each also adding its per-state deltas to
+# url_states under this server process's own shard (so concurrent writers never wait on one
+# another's totals), in state order.
+_STATE_DELTAS = """
+    INSERT INTO url_states AS t (state, shard, n)
+    SELECT state, pg_backend_pid(), sum(d) FROM ({rows}) AS c
+     GROUP BY state HAVING sum(d) <> 0 ORDER BY state
+    ON CONFLICT (state, shard) DO UPDATE SET n = t.n + excluded.n;"""
+
+COUNT_ON_INSERT = (
+    """
+CREATE FUNCTION urls_count_insert() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE hosts AS h SET queued = h.queued + d.dq, in_flight = h.in_flight + d.dl,
+           due_hint = CASE WHEN d.dq = 0 THEN h.due_hint WHEN h.queued = 0 THEN d.due
+                           ELSE LEAST(h.due_hint, d.due) END
+      FROM (SELECT host_id,
+                   count(*) FILTER (WHERE state = 'queued') AS dq,
+                   count(*) FILTER (WHERE state = 'leased') AS dl,
+                   min(due_at) FILTER (WHERE state = 'queued') AS due
+              FROM new_rows GROUP BY host_id) AS d
+     WHERE h.host_id = d.host_id AND (d.dq <> 0 OR d.dl <> 0);"""
+    + _STATE_DELTAS.format(rows="SELECT state, 1 AS d FROM new_rows")
+    + """
+    RETURN NULL;
+END
+$$"""
+)
+
+COUNT_ON_UPDATE = (
+    """
+CREATE FUNCTION urls_count_update() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE hosts AS h SET queued = h.queued + d.dq, in_flight = h.in_flight + d.dl,
+           due_hint = CASE WHEN d.due IS NULL THEN h.due_hint
+                           WHEN h.queued = 0 OR h.due_hint IS NULL THEN d.due
+                           ELSE LEAST(h.due_hint, d.due) END
+      FROM (SELECT host_id, sum(dq) AS dq, sum(dl) AS dl, min(due) AS due
+              FROM (SELECT host_id, (state = 'queued')::int AS dq, (state = 'leased')::int AS dl,
+                           CASE WHEN state = 'queued' THEN due_at END AS due
+                      FROM new_rows
+                    UNION ALL
+                    SELECT host_id, -(state = 'queued')::int, -(state = 'leased')::int, NULL
+                      FROM old_rows) AS c
+             GROUP BY host_id
+            HAVING sum(dq) <> 0 OR sum(dl) <> 0 OR min(due) IS NOT NULL) AS d
+     WHERE h.host_id = d.host_id;"""
+    + _STATE_DELTAS.format(
+        rows="SELECT state, 1 AS d FROM new_rows UNION ALL SELECT state, -1 FROM old_rows"
+    )
+    + """
+    RETURN NULL;
+END
+$$"""
+)
+
+COUNT_ON_DELETE = (
+    """
+CREATE FUNCTION urls_count_delete() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE hosts AS h SET queued = h.queued - d.dq, in_flight = h.in_flight - d.dl
+      FROM (SELECT host_id,
+                   count(*) FILTER (WHERE state = 'queued') AS dq,
+                   count(*) FILTER (WHERE state = 'leased') AS dl
+              FROM old_rows GROUP BY host_id) AS d
+     WHERE h.host_id = d.host_id AND (d.dq <> 0 OR d.dl <> 0);"""
+    + _STATE_DELTAS.format(rows="SELECT state, -1 AS d FROM old_rows")
+    + """
+    RETURN NULL;
+END
+$$"""
+)
+
 # The same logical schema and version numbers as the SQLite backend (see sqlite.py for what each
 # column is for). Each migration is a tuple of statements, applied in one transaction.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -245,5 +321,73 @@ CREATE TABLE cookies (
     # 5: SQLite dropped its per-row insert trigger (its inserts count their hosts themselves);
     # the statement-level triggers here already do one write per host per statement.
     ("COMMENT ON TRIGGER urls_insert ON urls IS 'hosts.queued/in_flight of inserted URLs (I6)'",),
+    # 6: fewer bytes per URL (issue 14; see sqlite.py): URL rows and their queue index name the
+    # host by an integer id, the URL key is unique through a hash index, the index on
+    # urls.state goes, per-state totals live in url_states (one row per state and server
+    # process: the triggers' upsert of one shared row per state would serialise every writer
+    # up to its COMMIT; stats() sums them).
+    (
+        "DROP TRIGGER urls_insert ON urls",
+        "DROP TRIGGER urls_state ON urls",
+        "DROP TRIGGER urls_delete ON urls",
+        "DROP FUNCTION urls_count_insert()",
+        "DROP FUNCTION urls_count_update()",
+        "DROP FUNCTION urls_count_delete()",
+        "ALTER TABLE hosts ADD COLUMN host_id SERIAL",
+        "ALTER TABLE hosts ADD CONSTRAINT hosts_host_id UNIQUE (host_id)",
+        # Every lease and completion changes its hosts' counts (the triggers below): with the
+        # ready index's predicate on a column that changes only when the count crosses zero,
+        # and room left in each page, such an update is HOT (no new index entries, its dead
+        # version pruned in the page) instead of a new wide row version that waits for vacuum.
+        "ALTER TABLE hosts ADD COLUMN has_work BOOLEAN GENERATED ALWAYS AS (queued > 0) STORED",
+        "DROP INDEX hosts_ready",
+        "CREATE INDEX hosts_ready ON hosts (next_allowed_at) WHERE has_work",
+        "ALTER TABLE hosts SET (fillfactor = 70)",
+        # progress() takes the earliest due time from the hosts' hints, which every URL
+        # entering a queue lowers (the triggers), instead of an index of every queued URL.
+        "ALTER TABLE hosts ADD COLUMN due_hint DOUBLE PRECISION",
+        "DROP INDEX urls_due",
+        "INSERT INTO hosts (host_key) SELECT DISTINCT host_key FROM urls ORDER BY 1 "
+        "ON CONFLICT DO NOTHING",
+        "ALTER TABLE urls ADD COLUMN host_id INTEGER",
+        "UPDATE urls SET host_id = h.host_id FROM hosts h WHERE h.host_key = urls.host_key",
+        "ALTER TABLE urls ALTER COLUMN host_id SET NOT NULL",
+        "DROP INDEX urls_queue",
+        "DROP INDEX urls_state",
+        "ALTER TABLE urls DROP COLUMN host_key",
+        # The URL key's text was indexed whole in a b-tree (89 bytes per URL); a hash index
+        # keeps 4 bytes of hash per URL and rechecks the text, and an exclusion constraint
+        # over it keeps the key unique (ON CONFLICT DO NOTHING takes it as the arbiter).
+        "ALTER TABLE urls DROP CONSTRAINT urls_url_key",
+        "ALTER TABLE urls ADD CONSTRAINT urls_url EXCLUDE USING hash (url WITH =)",
+        "CREATE INDEX urls_queue ON urls (host_id, priority DESC, due_at) WHERE state = 'queued'",
+        "CREATE INDEX urls_deferred ON urls (host_id) WHERE state = 'deferred'",
+        # The lease log names the host by its id too (one row per grant).
+        "INSERT INTO hosts (host_key) SELECT DISTINCT host_key FROM lease_log ORDER BY 1 "
+        "ON CONFLICT DO NOTHING",
+        "ALTER TABLE lease_log ADD COLUMN host_id INTEGER",
+        "UPDATE lease_log SET host_id = h.host_id FROM hosts h "
+        "WHERE h.host_key = lease_log.host_key",
+        "ALTER TABLE lease_log ALTER COLUMN host_id SET NOT NULL",
+        "DROP INDEX lease_log_host",
+        "ALTER TABLE lease_log DROP COLUMN host_key",
+        "CREATE INDEX lease_log_host ON lease_log (host_id, granted_at)",
+        "CREATE TABLE url_states (state TEXT NOT NULL, shard INTEGER NOT NULL, "
+        "n BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (state, shard))",
+        "INSERT INTO url_states (state, shard, n) SELECT state, 0, count(*) FROM urls "
+        "GROUP BY state",
+        "UPDATE hosts SET due_hint = q.d FROM (SELECT host_id, MIN(due_at) AS d FROM urls "
+        "WHERE state = 'queued' GROUP BY host_id) AS q WHERE q.host_id = hosts.host_id",
+        COUNT_ON_INSERT,
+        COUNT_ON_UPDATE,
+        COUNT_ON_DELETE,
+        "CREATE TRIGGER urls_insert AFTER INSERT ON urls REFERENCING NEW TABLE AS new_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION urls_count_insert()",
+        "CREATE TRIGGER urls_state AFTER UPDATE ON urls "
+        "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION urls_count_update()",
+        "CREATE TRIGGER urls_delete AFTER DELETE ON urls REFERENCING OLD TABLE AS old_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION urls_count_delete()",
+    ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

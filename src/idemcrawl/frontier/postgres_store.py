@@ -2,9 +2,10 @@
 operations PostgreSQL does set-based.
 
 Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
-10 statements in 8 round trips and a completion batch 9 in 8, whatever their size (issue 14):
-URL inserts, level 2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced
-completion update, host updates, record upserts and events. Arrays are bound in binary. The
+11 statements in 9 round trips and a completion batch 10 in 9 (``bench frontier``'s trace),
+whatever their size (issue 14): URL inserts (their hosts' ids read once per host first, schema
+6), level 2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced completion
+update, host updates, record upserts and events. Arrays are bound in binary. The
 connection, transactions and retries are ``postgres.py``'s.
 """
 
@@ -26,12 +27,19 @@ if TYPE_CHECKING:
 #: in commit order and a reader's ``event_id > cursor`` never skips a late-committing event.
 _EVENTS_LOCK = 0x1DEC0E7E
 
+#: A URL row holds its host's id (schema 6): the ids of a batch's hosts are read once per
+#: host, and the missing hosts created (in key order) only when some are missing.
+_HOST_IDS = "SELECT host_key, host_id FROM hosts WHERE host_key = ANY(%b::text[])"
+_INSERT_HOSTS = (
+    "INSERT INTO hosts (host_key) SELECT h FROM unnest(%b::text[]) AS l(h) "
+    "ORDER BY 1 ON CONFLICT DO NOTHING"
+)
 _INSERT_URLS = (
-    "INSERT INTO urls (url, host_key, state, reason, priority, depth, due_at, discovered_at, "
+    "INSERT INTO urls (url, host_id, state, reason, priority, depth, due_at, discovered_at, "
     "kind, hops) SELECT u, h, s, r, p, d, %s, %s, k, n "
-    "FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::int[], %b::int[], "
+    "FROM unnest(%b::text[], %b::int[], %b::text[], %b::text[], %b::int[], %b::int[], "
     "%b::text[], %b::int[]) AS l(u, h, s, r, p, d, k, n) "
-    "ON CONFLICT (url) DO NOTHING"
+    "ON CONFLICT DO NOTHING"  # the arbiter: urls_url, an exclusion constraint (schema 6)
 )
 
 #: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
@@ -40,8 +48,9 @@ _INSERT_URLS = (
 _PICK_URLS = (
     f"SELECT w.host_key, {', '.join('p.' + c for c in PICK_COLUMNS)} "
     "FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY AS w(host_key, n, ord) "
+    "JOIN hosts AS h ON h.host_key = w.host_key "
     f"CROSS JOIN LATERAL (SELECT {PICK_COLS}, priority FROM urls "
-    "WHERE urls.host_key = w.host_key AND state = 'queued' AND due_at <= %s "
+    "WHERE urls.host_id = h.host_id AND state = 'queued' AND due_at <= %s "
     "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT w.n FOR UPDATE SKIP LOCKED) AS p "
     "ORDER BY w.ord, p.priority DESC, p.due_at"
 )
@@ -154,13 +163,14 @@ class PgStore(SQLStore):
         """Insert-if-absent in one statement; returns how many were new."""
         if not urls:
             return 0
+        ids = self.host_ids(sorted({u.host_key for u in urls}))
         self.cur.execute(
             _INSERT_URLS,
             (
                 float(now),
                 float(now),
                 [u.url for u in urls],
-                [u.host_key for u in urls],
+                [ids[u.host_key] for u in urls],
                 [u.state for u in urls],
                 [u.reason for u in urls],
                 [int(u.priority) for u in urls],
@@ -170,6 +180,17 @@ class PgStore(SQLStore):
             ),
         )
         return max(self.cur.rowcount, 0)
+
+    def host_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        """The ids of the hosts ``keys`` (sorted), creating the missing rows first."""
+        ids = {k: int(i) for k, i in self.cur.execute(_HOST_IDS, (list(keys),)).fetchall()}
+        missing = [k for k in keys if k not in ids]
+        if missing:
+            self.cur.execute(_INSERT_HOSTS, (missing,))
+            ids.update(
+                (k, int(i)) for k, i in self.cur.execute(_HOST_IDS, (missing,)).fetchall()
+            )
+        return ids
 
     def pick_urls(
         self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
@@ -205,9 +226,10 @@ class PgStore(SQLStore):
                  [ls.token for _, _, ls in leases]),
             )  # fmt: skip
             cur.execute(
-                "INSERT INTO lease_log (host_key, url_id, kind, granted_at, eligible_at, "
+                "INSERT INTO lease_log (host_id, url_id, kind, granted_at, eligible_at, "
                 "min_gap, allowance, in_flight_before) "
-                "SELECT g.host_key, g.url_id, g.kind, g.granted_at, g.eligible_at, g.min_gap, "
+                "SELECT (SELECT host_id FROM hosts WHERE host_key = g.host_key), g.url_id, "
+                "g.kind, g.granted_at, g.eligible_at, g.min_gap, "
                 "g.allowance, g.in_flight FROM unnest(%b::float8[], %b::text[], %b::bigint[], "
                 "%b::text[], %b::float8[], %b::float8[], %b::int[], %b::int[]) WITH ORDINALITY "
                 "AS g(granted_at, host_key, url_id, kind, eligible_at, min_gap, allowance, "

@@ -21,14 +21,17 @@ from .sql_dialect import (
     FENCE,
     FINISH,
     HOST_COLS,
+    HOST_ID,
     INSERT_EVENT,
     LEASE_LOG,
     PICK_COLS,
     PICK_URLS,
     READY_HOSTS,
     UPSERT_RECORD,
+    URL_HOST_KEY,
     Dialect,
     cols,
+    url_cols,
     url_values,
 )
 from .store import (
@@ -174,7 +177,7 @@ class SQLStore:
         # queued URL of the crawl (365 ms at 1.1M queued, vs 0.13 ms).
         self._x(
             "UPDATE urls INDEXED BY urls_queue SET state = 'deferred', reason = ? "
-            "WHERE host_key = ? AND state = 'queued'"
+            f"WHERE host_id = {HOST_ID} AND state = 'queued'"
             + ("" if robots_too else " AND kind <> 'robots'"),
             (reason, host_key),
         )
@@ -202,11 +205,15 @@ class SQLStore:
         )
 
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
-        self._xm(
+        """The leases, the lease log and the hosts' tokens; the grants move their URLs from
+        queued to leased in ``url_states`` themselves (SQLite's total trigger leaves that
+        change to them: one statement per lease call instead of one per URL)."""
+        leased = self._xm(
             "UPDATE urls SET state = 'leased', lease_owner = ?, lease_token = ?, "
-            "lease_expires_at = ?, leased_at = ? WHERE url_id = ?",
+            "lease_expires_at = ?, leased_at = ? WHERE url_id = ? AND state = 'queued'",
             [(owner, ls.token, expires, now, ls.url_id) for g in grants for ls in g.leases],
         )
+        self._move_states("queued", "leased", leased)
         self._xm(
             LEASE_LOG,
             [
@@ -226,7 +233,8 @@ class SQLStore:
         return [
             (int(r[0]), r[1])
             for r in self._x(
-                "SELECT url_id, host_key FROM urls INDEXED BY urls_leases "
+                # the host key looked up per row found: a join may hash all of hosts first
+                f"SELECT url_id, {URL_HOST_KEY} FROM urls INDEXED BY urls_leases "
                 "WHERE state = 'leased' AND lease_expires_at <= ?",
                 (now,),
             ).fetchall()
@@ -249,15 +257,17 @@ class SQLStore:
         return [
             r[0]
             for r in self._x(
-                "SELECT DISTINCT host_key FROM urls WHERE state = 'leased' AND lease_owner = ?",
+                f"SELECT DISTINCT {URL_HOST_KEY} FROM urls INDEXED BY urls_leases "
+                "WHERE state = 'leased' AND lease_owner = ?",
                 (owner,),
             ).fetchall()
         ]
 
     def release_owner(self, owner: str) -> int:
         self._x(
-            "UPDATE urls SET state = 'queued', lease_owner = NULL, lease_token = NULL, "
-            "lease_expires_at = NULL WHERE state = 'leased' AND lease_owner = ?",
+            "UPDATE urls INDEXED BY urls_leases SET state = 'queued', lease_owner = NULL, "
+            "lease_token = NULL, lease_expires_at = NULL "
+            "WHERE state = 'leased' AND lease_owner = ?",
             (owner,),
         )
         return max(self.cur.rowcount, 0)
@@ -269,7 +279,7 @@ class SQLStore:
         live ones (the update keeps the fence in its WHERE too). Atomic: the transaction
         holds the write lock (SQLite) from the read on."""
         live = self.live_leases([c.lease for c in completions])
-        self._xm(
+        done = self._xm(
             FINISH,
             [
                 (*done_values(c), c.lease.url_id, c.lease.version, c.lease.token)
@@ -277,7 +287,17 @@ class SQLStore:
                 if ok
             ],
         )
+        self._move_states("leased", "done", done)  # as grant(): not counted by the trigger
         return live
+
+    def _move_states(self, old: str, new: str, n: int) -> None:
+        """``n`` URLs went from state ``old`` to ``new`` (``url_states``, SQLite)."""
+        if n:
+            self._x(
+                "UPDATE url_states SET n = n + CASE WHEN state = ? THEN ? ELSE ? END "
+                "WHERE state IN (?, ?)",
+                (new, n, -n, old, new),
+            )
 
     def live_leases(self, leases: Sequence[Lease]) -> list[bool]:
         live: dict[int, tuple[int, int]] = {}
@@ -294,41 +314,64 @@ class SQLStore:
         self._xm(f"UPDATE urls SET {FAIL_SET} WHERE {FENCE}", rows)
 
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
-        """Insert-if-absent, then count the new URLs into their hosts (I6), once per host.
+        """Insert-if-absent, then count the new URLs into their hosts (I6), once per host, and
+        into ``url_states``.
 
-        Multi-row inserts whose ``RETURNING`` names the rows actually inserted (the ignored
-        duplicates return nothing); PostgreSQL's ``PgStore`` has its own, counted by statement
-        triggers.
+        The hosts come first (a URL row holds its host's id); multi-row inserts whose
+        ``RETURNING`` names the rows actually inserted (the ignored duplicates return nothing).
+        PostgreSQL's ``PgStore`` has its own, counted by statement triggers.
         """
         if not urls:
             return 0
-        per_host: dict[str, list[int]] = {}
-        inserted = 0
+        ids = self.host_ids(sorted({u.host_key for u in urls}))
+        per_host: dict[int, list[Any]] = {}
+        per_state: Counter[str] = Counter()
         width = 10
         step = max(1, self.dialect.max_params // width)
         for i in range(0, len(urls), step):
             chunk = urls[i : i + step]
             marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
             rows = self.cur.execute(
-                "INSERT OR IGNORE INTO urls(url, host_key, state, reason, priority, depth, "
-                f"due_at, discovered_at, kind, hops) VALUES {marks} RETURNING host_key, state",
-                [v for u in chunk for v in url_values(u, now)],
+                "INSERT OR IGNORE INTO urls(url, host_id, state, reason, priority, depth, "
+                f"due_at, discovered_at, kind, hops) VALUES {marks} RETURNING host_id, state",
+                [v for u in chunk for v in url_values(u, ids[u.host_key], now)],
             ).fetchall()
-            inserted += len(rows)
-            for host_key, state in rows:
-                counts = per_host.setdefault(host_key, [0, 0])
+            for host_id, state in rows:
+                per_state[state] += 1
+                counts = per_host.setdefault(host_id, [0, 0])
                 counts[0] += state == "queued"
                 counts[1] += state == "leased"
-        if per_host:
-            hosts = sorted(per_host)
-            self._xm("INSERT OR IGNORE INTO hosts(host_key) VALUES (?)", [(h,) for h in hosts])
-            self._xm(
-                "UPDATE hosts SET queued = queued + ?, in_flight = in_flight + ? "
-                "WHERE host_key = ?",
-                [(*per_host[h], h) for h in hosts if per_host[h] != [0, 0]],
-            )
-        return inserted
+        # every new URL is due at ``now``: a host that gets queued URLs has one due by now
+        self._xm(
+            "UPDATE hosts SET queued = queued + ?, in_flight = in_flight + ?, due_hint = "
+            "CASE WHEN ? = 0 THEN due_hint WHEN queued = 0 THEN ? "
+            "ELSE LEAST(COALESCE(due_hint, ?), ?) END "
+            "WHERE host_id = ?",
+            [
+                (q, n, q, now, now, now, h)
+                for h in sorted(per_host)
+                for q, n in [per_host[h]]
+                if q or n
+            ],
+        )
+        self._xm(
+            "INSERT INTO url_states(state, n) VALUES (?, ?) "
+            "ON CONFLICT(state) DO UPDATE SET n = url_states.n + excluded.n",
+            sorted(per_state.items()),
+        )
+        return sum(per_state.values())
 
+    def host_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        """The ids of the hosts ``keys``, creating the missing rows (with the defaults)."""
+        self._xm(
+            "INSERT INTO hosts(host_key) VALUES (?) ON CONFLICT DO NOTHING", [(k,) for k in keys]
+        )
+        out: dict[str, int] = {}
+        for cur in self._in(
+            "SELECT host_key, host_id FROM hosts WHERE host_key {in}", keys, cast="text"
+        ):
+            out.update((k, int(i)) for k, i in cur.fetchall())
+        return out
 
     def insert_requests(self, rows: Sequence[tuple[str, RequestSpec]]) -> None:
         self._xm(
@@ -349,9 +392,7 @@ class SQLStore:
         for cur in self._in(query, list(url_ids)):
             for url_id, method, callback, data, headers, body, render in cur.fetchall():
                 body = None if body is None else bytes(body)
-                out[int(url_id)] = RequestSpec(
-                    method, callback, data, headers, body, bool(render)
-                )
+                out[int(url_id)] = RequestSpec(method, callback, data, headers, body, bool(render))
         return out
 
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -410,8 +451,9 @@ class SQLStore:
         return [
             (int(r[0]), r[1])
             for r in self._x(
-                "SELECT url_id, host_key FROM urls INDEXED BY urls_refetch WHERE state = 'done' "
-                "AND next_fetch_at <= ? AND kind <> 'robots' ORDER BY next_fetch_at LIMIT ?",
+                f"SELECT url_id, {URL_HOST_KEY} FROM urls INDEXED BY urls_refetch "
+                "WHERE state = 'done' AND next_fetch_at <= ? AND kind <> 'robots' "
+                "ORDER BY next_fetch_at LIMIT ?",
                 (now, limit),
             ).fetchall()
         ]
@@ -432,17 +474,21 @@ class SQLStore:
             for r in self._x(
                 "SELECT host_key FROM hosts WHERE robots_failures > 0 "
                 "OR robots_state = 'disallow_all' UNION "
-                "SELECT DISTINCT host_key FROM urls WHERE state = 'deferred'"
+                f"SELECT {URL_HOST_KEY} FROM urls INDEXED BY urls_deferred "
+                "WHERE state = 'deferred'"
             ).fetchall()
         ]
 
     def requeue_deferred(self, host_key: str | None = None, reason: str | None = None) -> int:
         if host_key is None:
-            self._x("UPDATE urls SET state = 'queued', reason = NULL WHERE state = 'deferred'")
+            self._x(
+                "UPDATE urls INDEXED BY urls_deferred SET state = 'queued', reason = NULL "
+                "WHERE state = 'deferred'"
+            )
         else:
             self._x(
-                "UPDATE urls SET state = 'queued', reason = NULL WHERE host_key = ? "
-                "AND state = 'deferred' AND reason = ?",
+                "UPDATE urls INDEXED BY urls_deferred SET state = 'queued', reason = NULL "
+                f"WHERE host_id = {HOST_ID} AND state = 'deferred' AND reason = ?",
                 (host_key, reason),
             )
         return max(self.cur.rowcount, 0)
@@ -511,13 +557,13 @@ class SQLStore:
     # -- read side -----------------------------------------------------------------------------
 
     def progress(self, now: float) -> Progress:
-        # One statement, so one snapshot; the partial indexes make the MINs cheap.
+        # One statement, so one snapshot; the partial indexes make the MINs cheap, and the
+        # earliest due time is the hosts' hints (schema 6), no index of every queued URL.
         row = self._x(
             "WITH t AS (SELECT COALESCE(SUM(queued), 0) AS q, COALESCE(SUM(in_flight), 0) AS l, "
-            "MIN(CASE WHEN queued > 0 THEN GREATEST(next_allowed_at, backoff_until) END) AS r "
-            "FROM hosts) "
-            "SELECT q, l, CASE WHEN q > 0 THEN "
-            "(SELECT MIN(due_at) FROM urls INDEXED BY urls_due WHERE state = 'queued') END, "
+            "MIN(CASE WHEN queued > 0 THEN GREATEST(next_allowed_at, backoff_until) END) AS r, "
+            "MIN(CASE WHEN queued > 0 THEN due_hint END) AS d FROM hosts) "
+            "SELECT q, l, CASE WHEN q > 0 THEN d END, "
             "CASE WHEN l > 0 THEN "
             "(SELECT MIN(lease_expires_at) FROM urls WHERE state = 'leased') END, r, "
             "(SELECT MIN(next_fetch_at) FROM urls INDEXED BY urls_refetch WHERE state = 'done') "
@@ -531,7 +577,7 @@ class SQLStore:
     ) -> list[tuple[str, float, float]]:
         rows = self._x(
             "SELECT host_key, next_allowed_at, GREATEST(next_allowed_at, backoff_until) "
-            "FROM hosts WHERE queued > 0 AND paused = 0 "
+            "FROM hosts WHERE HAS_WORK AND paused = 0 "
             "AND in_flight < GREATEST(1, COALESCE(max_in_flight, CAST(? AS INTEGER)) "
             ">> LEAST(error_streak, CAST(? AS INTEGER))) "
             "AND (next_allowed_at > ? OR (next_allowed_at = ? AND host_key > ?)) "
@@ -544,23 +590,26 @@ class SQLStore:
         # The LIMIT 1 probe is what nearly every call needs, and it stops at the first entry
         # of the host's queue index; only a host holding nothing due reads its whole queue.
         if self._scalar(
-            "SELECT 1 FROM urls INDEXED BY urls_queue WHERE host_key = ? AND state = 'queued' "
-            "AND due_at <= ? LIMIT 1",
+            f"SELECT 1 FROM urls INDEXED BY urls_queue WHERE host_id = {HOST_ID} "
+            "AND state = 'queued' AND due_at <= ? LIMIT 1",
             (host_key, by),
         ):
             return by
         due = self._scalar(
-            "SELECT MIN(due_at) FROM urls INDEXED BY urls_queue WHERE host_key = ? "
+            f"SELECT MIN(due_at) FROM urls INDEXED BY urls_queue WHERE host_id = {HOST_ID} "
             "AND state = 'queued'",
             (host_key,),
         )
         return None if due is None else float(due)
 
     def _by_state(self) -> dict[str, int]:
+        """URLs per state from ``url_states`` (schema 6), kept by the statements and triggers
+        that change states: a read of a few rows, not a count of every URL (the reporter asks
+        every few seconds)."""
         by_state = dict.fromkeys(STATES, 0)
         by_state.update(
             (r[0], int(r[1]))
-            for r in self._x("SELECT state, count(*) FROM urls GROUP BY state").fetchall()
+            for r in self._x("SELECT state, SUM(n) FROM url_states GROUP BY state").fetchall()
         )
         return by_state
 
@@ -612,12 +661,13 @@ class SQLStore:
 
     def audit_facts(self) -> tuple[list[tuple[str, int]], list[float], int]:
         gap_or_slot = self._x(
-            "SELECT host_key, count(*) FROM (SELECT host_key, granted_at, allowance, "
+            "SELECT h.host_key, count(*) FROM (SELECT host_id, granted_at, allowance, "
             "in_flight_before, LAG(granted_at) OVER w AS prev_at, "
             "LAG(min_gap) OVER w AS prev_gap FROM lease_log "
-            "WINDOW w AS (PARTITION BY host_key ORDER BY granted_at, id)) AS g "
+            "WINDOW w AS (PARTITION BY host_id ORDER BY granted_at, id)) AS g "
+            "JOIN hosts AS h ON h.host_id = g.host_id "
             "WHERE in_flight_before >= allowance OR granted_at < prev_at + prev_gap - 1e-6 "
-            "GROUP BY host_key"
+            "GROUP BY h.host_key"
         ).fetchall()
         delays = [
             float(r[0])
@@ -659,7 +709,9 @@ class SQLStore:
         return found
 
     def lease_owners(self) -> list[str]:
-        rows = self._x("SELECT DISTINCT lease_owner FROM urls WHERE state = 'leased'").fetchall()
+        rows = self._x(
+            "SELECT DISTINCT lease_owner FROM urls INDEXED BY urls_leases WHERE state = 'leased'"
+        ).fetchall()
         return [r[0] for r in rows if r[0]]
 
     def get_meta(self, key: str) -> str | None:
@@ -721,7 +773,7 @@ class SQLStore:
 
     def recent_errors(self, limit: int) -> list[dict[str, Any]]:
         return self._dicts(
-            f"SELECT {cols(ERROR_COLUMNS)} FROM urls WHERE last_error IS NOT NULL "
+            f"SELECT {url_cols(ERROR_COLUMNS)} FROM urls WHERE last_error IS NOT NULL "
             "ORDER BY COALESCE(fetched_at, due_at) DESC LIMIT ?",
             (limit,),
             ERROR_COLUMNS,
@@ -729,7 +781,7 @@ class SQLStore:
 
     def url_row(self, url: str) -> dict[str, Any] | None:
         rows = self._dicts(
-            f"SELECT {cols(URL_COLUMNS)} FROM urls WHERE url = ?", (url,), URL_COLUMNS
+            f"SELECT {url_cols(URL_COLUMNS)} FROM urls WHERE url = ?", (url,), URL_COLUMNS
         )
         return rows[0] if rows else None
 
@@ -740,7 +792,9 @@ class SQLStore:
         return rows[0] if rows else None
 
     def url_rows(self) -> list[dict[str, Any]]:
-        return self._dicts(f"SELECT {cols(URL_COLUMNS)} FROM urls ORDER BY url_id", (), URL_COLUMNS)
+        return self._dicts(
+            f"SELECT {url_cols(URL_COLUMNS)} FROM urls ORDER BY url_id", (), URL_COLUMNS
+        )
 
     def host_rows(self) -> list[dict[str, Any]]:
         return self._dicts(f"SELECT {HOST_COLS} FROM hosts ORDER BY host_key", (), HOST_COLUMNS)

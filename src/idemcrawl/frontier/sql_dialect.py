@@ -4,9 +4,13 @@ Statements are written once in one spelling; a tiny dialect table (:class:`Diale
 into each engine's: ``?`` placeholders (``%s`` on PostgreSQL), ``GREATEST``/``LEAST``
 (``MAX``/``MIN`` on SQLite), ``IS DISTINCT FROM`` (``IS NOT``), row locks ``FOR UPDATE [SKIP
 LOCKED]`` / ``FOR SHARE`` (nothing on SQLite, whose writers serialise whole transactions), SQLite
-planner hints ``INDEXED BY`` (measured wins there; nothing on PostgreSQL) and insert-if-absent
-``ON CONFLICT DO NOTHING`` (``INSERT OR IGNORE``, faster on SQLite). The hot statements of the
-scheduler's primitives live here too; ``sql.SQLStore`` runs them.
+planner hints ``INDEXED BY`` (measured wins there; nothing on PostgreSQL), insert-if-absent
+``ON CONFLICT DO NOTHING`` (``INSERT OR IGNORE``, faster on SQLite) and ``HAS_WORK``, a host with
+queued URLs: ``queued > 0`` on SQLite; on PostgreSQL the stored column ``has_work`` computed from
+it, which the ready index's predicate names instead of ``queued``, so that an update of the count
+alone changes no indexed column and can be a HOT update (schema 6).
+
+The hot statements of the scheduler's primitives live here too; ``sql.SQLStore`` runs them.
 """
 
 from __future__ import annotations
@@ -56,13 +60,19 @@ SQLITE = Dialect(
         (r"\bLEAST\(", "MIN("),
         (r"\bIS DISTINCT FROM\b", "IS NOT"),
         (r" FOR (UPDATE( SKIP LOCKED)?|SHARE)\b", ""),
+        (r"\bHAS_WORK\b", "queued > 0"),
     ),
     array_param=False,
     row_locks=False,
 )
 POSTGRES = Dialect(
     "postgres",
-    ((r" INDEXED BY \w+", ""), (r"%", "%%"), (r"\?", "%s")),
+    (
+        (r" INDEXED BY \w+", ""),
+        (r"%", "%%"),
+        (r"\?", "%s"),
+        (r"\bHAS_WORK\b", "has_work"),
+    ),
     array_param=True,
     row_locks=True,
 )
@@ -74,6 +84,18 @@ def cols(names: Iterable[str], prefix: str = "") -> str:
 
 HOST_COLS = cols(HOST_COLUMNS)
 PICK_COLS = cols(PICK_COLUMNS)
+
+#: Since schema 6 a URL row names its host by ``host_id`` (4 bytes, not the host key's text,
+#: which its queue index repeated too); a read that shows a URL's host key looks it up.
+URL_HOST_KEY = "(SELECT host_key FROM hosts WHERE hosts.host_id = urls.host_id)"
+#: The host id of a host key, as a scalar subquery (one probe of the hosts key index).
+HOST_ID = "(SELECT host_id FROM hosts WHERE host_key = ?)"
+
+
+def url_cols(names: Iterable[str]) -> str:
+    """Columns of ``urls`` for a SELECT, ``host_key`` looked up in ``hosts`` (schema 6)."""
+    return ", ".join(f"{URL_HOST_KEY} AS host_key" if n == "host_key" else n for n in names)
+
 
 #: Level 1 (``scheduler.host_ready`` in SQL, plus "something is due"): the EXISTS goes through
 #: urls_queue; planned on urls_state SQLite walks every queued URL per candidate host (6.2 ms at
@@ -89,11 +111,11 @@ PICK_COLS = cols(PICK_COLUMNS)
 #: no statistics yet (a crawl just seeded, before autovacuum's first ANALYZE) PostgreSQL guesses
 #: that ``= 0`` keeps 0.5% of hosts, and then sorts every ready host instead of walking the index.
 READY_HOSTS = (
-    f"SELECT {HOST_COLS} FROM hosts WHERE queued > 0 AND next_allowed_at <= ? "
+    f"SELECT {HOST_COLS} FROM hosts WHERE HAS_WORK AND next_allowed_at <= ? "
     "AND backoff_until <= ? AND paused <> 1 "
     "AND in_flight < GREATEST(1, COALESCE(max_in_flight, CAST(? AS INTEGER)) "
     ">> LEAST(error_streak, CAST(? AS INTEGER))) "
-    "AND EXISTS (SELECT 1 FROM urls u INDEXED BY urls_queue WHERE u.host_key = hosts.host_key "
+    "AND EXISTS (SELECT 1 FROM urls u INDEXED BY urls_queue WHERE u.host_id = hosts.host_id "
     "AND u.state = 'queued' AND u.due_at <= ? ORDER BY u.priority DESC, u.due_at LIMIT 1 OFFSET 0) "
     "ORDER BY next_allowed_at LIMIT ? FOR UPDATE SKIP LOCKED"
 )
@@ -108,7 +130,7 @@ DONE_SET = ", ".join(
 FENCE = "url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?"
 FINISH = f"UPDATE urls SET {DONE_SET} WHERE {FENCE}"
 PICK_URLS = (
-    f"SELECT {PICK_COLS} FROM urls WHERE host_key = ? AND state = 'queued' AND due_at <= ? "
+    f"SELECT {PICK_COLS} FROM urls WHERE host_id = {HOST_ID} AND state = 'queued' AND due_at <= ? "
     "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT ? FOR UPDATE SKIP LOCKED"
 )
 
@@ -130,11 +152,11 @@ FAIL_SET = (
     + ", lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
 )
 LEASE_LOG = (
-    "INSERT INTO lease_log(host_key, url_id, kind, granted_at, eligible_at, min_gap, allowance, "
-    "in_flight_before) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO lease_log(host_id, url_id, kind, granted_at, eligible_at, min_gap, allowance, "
+    f"in_flight_before) VALUES ({HOST_ID}, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
-def url_values(u: NewURL, now: float) -> tuple[Any, ...]:
+def url_values(u: NewURL, host_id: int, now: float) -> tuple[Any, ...]:
     """The ``urls`` values of one new URL, in ``SQLStore.insert_urls``' column order."""
-    return (u.url, u.host_key, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)
+    return (u.url, host_id, u.state, u.reason, u.priority, u.depth, now, now, u.kind, u.hops)

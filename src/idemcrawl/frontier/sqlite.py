@@ -228,6 +228,150 @@ CREATE TABLE cookies (
     # host per batch (sql.SQLStore.insert_urls), not by a row trigger doing two host-row
     # writes per URL: the trigger was 46 % of a completion batch's time (issue 14).
     "DROP TRIGGER urls_insert;",
+    # 6: fewer bytes per URL (issue 14). A URL row names its host by an integer id instead of
+    # repeating the host key's text, and so does its queue index; the index on urls.state goes
+    # (34 bytes per URL): its readers use the partial indexes of leased and deferred URLs, and
+    # the per-state totals are kept in url_states (by the insert and the state trigger), so
+    # stats() reads eight rows instead of counting every URL. The index of queued URLs by due
+    # time goes too (16 bytes per URL): progress() takes the earliest due time from each host's
+    # due_hint, which every URL entering its queue lowers (the state trigger, the insert).
+    # SQLite cannot change a column or a primary key in place: hosts and urls are rebuilt, in
+    # one transaction.
+    """
+CREATE TABLE hosts6 (
+    host_id         INTEGER PRIMARY KEY,
+    host_key        TEXT    NOT NULL UNIQUE,
+    next_allowed_at REAL    NOT NULL DEFAULT 0,
+    in_flight       INTEGER NOT NULL DEFAULT 0,
+    queued          INTEGER NOT NULL DEFAULT 0,
+    max_in_flight   INTEGER,
+    delay           REAL,
+    backoff_until   REAL    NOT NULL DEFAULT 0,
+    error_streak    INTEGER NOT NULL DEFAULT 0,
+    latency_ewma    REAL,
+    paused          INTEGER NOT NULL DEFAULT 0,
+    pause_reason    TEXT,
+    robots_state    TEXT,
+    robots_body     BLOB,
+    robots_fetched_at REAL,
+    robots_expires_at REAL,
+    crawl_delay     REAL,
+    budget_day      TEXT,
+    budget_used     INTEGER NOT NULL DEFAULT 0,
+    robots_meta     TEXT,
+    robots_failures INTEGER NOT NULL DEFAULT 0,
+    backoff_reason  TEXT,
+    budget          INTEGER,
+    due_hint        REAL                          -- <= due_at of each of its queued URLs
+);
+INSERT INTO hosts6 (host_key, next_allowed_at, in_flight, queued, max_in_flight, delay,
+    backoff_until, error_streak, latency_ewma, paused, pause_reason, robots_state, robots_body,
+    robots_fetched_at, robots_expires_at, crawl_delay, budget_day, budget_used, robots_meta,
+    robots_failures, backoff_reason, budget)
+SELECT host_key, next_allowed_at, in_flight, queued, max_in_flight, delay, backoff_until,
+    error_streak, latency_ewma, paused, pause_reason, robots_state, robots_body,
+    robots_fetched_at, robots_expires_at, crawl_delay, budget_day, budget_used, robots_meta,
+    robots_failures, backoff_reason, budget
+FROM hosts ORDER BY host_key;
+INSERT OR IGNORE INTO hosts6 (host_key) SELECT DISTINCT host_key FROM urls ORDER BY host_key;
+CREATE TABLE urls6 (
+    url_id           INTEGER PRIMARY KEY,
+    url              TEXT    NOT NULL UNIQUE,
+    host_id          INTEGER NOT NULL,            -- hosts.host_id
+    state            TEXT    NOT NULL DEFAULT 'queued',
+    reason           TEXT,
+    version          INTEGER NOT NULL DEFAULT 1,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    depth            INTEGER NOT NULL DEFAULT 0,
+    due_at           REAL    NOT NULL DEFAULT 0,
+    discovered_at    REAL    NOT NULL DEFAULT 0,
+    lease_owner      TEXT,
+    lease_token      INTEGER,
+    lease_expires_at REAL,
+    leased_at        REAL,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    status_code      INTEGER,
+    fetched_at       REAL,
+    body_bytes       INTEGER,
+    content_hash     TEXT,
+    simhash          INTEGER,
+    etag             TEXT,
+    last_modified    TEXT,
+    next_fetch_at    REAL,
+    revisit_interval REAL,
+    canonical_hint   TEXT,
+    warc_file        TEXT,
+    warc_offset      INTEGER,
+    warc_length      INTEGER,
+    payload_digest   TEXT,
+    kind             TEXT    NOT NULL DEFAULT 'page',
+    hops             INTEGER NOT NULL DEFAULT 0,
+    redirect_to      TEXT,
+    near_dup_of      INTEGER,
+    stored_file      TEXT
+);
+INSERT INTO urls6 SELECT u.url_id, u.url, h.host_id, u.state, u.reason, u.version, u.priority,
+    u.depth, u.due_at, u.discovered_at, u.lease_owner, u.lease_token, u.lease_expires_at,
+    u.leased_at, u.attempts, u.last_error, u.status_code, u.fetched_at, u.body_bytes,
+    u.content_hash, u.simhash, u.etag, u.last_modified, u.next_fetch_at, u.revisit_interval,
+    u.canonical_hint, u.warc_file, u.warc_offset, u.warc_length, u.payload_digest, u.kind,
+    u.hops, u.redirect_to, u.near_dup_of, u.stored_file
+FROM urls AS u JOIN hosts6 AS h ON h.host_key = u.host_key ORDER BY u.url_id;
+DROP TABLE urls;
+DROP TABLE hosts;
+ALTER TABLE hosts6 RENAME TO hosts;
+ALTER TABLE urls6 RENAME TO urls;
+CREATE INDEX hosts_ready ON hosts(next_allowed_at) WHERE queued > 0;
+CREATE INDEX urls_queue ON urls(host_id, priority DESC, due_at) WHERE state = 'queued';
+CREATE INDEX urls_leases ON urls(lease_expires_at) WHERE state = 'leased';
+CREATE INDEX urls_refetch ON urls(next_fetch_at) WHERE state = 'done';
+CREATE INDEX urls_deferred ON urls(host_id) WHERE state = 'deferred';
+-- URLs per state: = count(*) of urls by state (the insert counts its rows, the trigger the
+-- changes), one row per state of base.STATES.
+CREATE TABLE url_states (state TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0);
+INSERT INTO url_states(state) VALUES ('queued'), ('leased'), ('done'), ('failed'),
+    ('out_of_scope'), ('disallowed'), ('deferred'), ('rejected');
+INSERT INTO url_states(state, n) SELECT state, count(*) FROM urls GROUP BY state
+    ON CONFLICT(state) DO UPDATE SET n = excluded.n;
+UPDATE hosts SET due_hint = (SELECT MIN(due_at) FROM urls INDEXED BY urls_queue
+    WHERE urls.host_id = hosts.host_id AND state = 'queued');
+-- The lease log names the host by its id too (one row per grant).
+INSERT OR IGNORE INTO hosts (host_key) SELECT DISTINCT host_key FROM lease_log ORDER BY host_key;
+CREATE TABLE lease_log6 (
+    id               INTEGER PRIMARY KEY,
+    host_id          INTEGER NOT NULL,            -- hosts.host_id
+    url_id           INTEGER NOT NULL,
+    kind             TEXT    NOT NULL,
+    granted_at       REAL    NOT NULL,
+    eligible_at      REAL    NOT NULL,
+    min_gap          REAL    NOT NULL,
+    allowance        INTEGER NOT NULL,
+    in_flight_before INTEGER NOT NULL
+);
+INSERT INTO lease_log6 SELECT l.id, h.host_id, l.url_id, l.kind, l.granted_at, l.eligible_at,
+    l.min_gap, l.allowance, l.in_flight_before
+FROM lease_log AS l JOIN hosts AS h ON h.host_key = l.host_key ORDER BY l.id;
+DROP TABLE lease_log;
+ALTER TABLE lease_log6 RENAME TO lease_log;
+CREATE INDEX lease_log_host ON lease_log(host_id, granted_at);
+CREATE TRIGGER urls_state AFTER UPDATE OF state ON urls WHEN OLD.state IS NOT NEW.state BEGIN
+    UPDATE hosts SET queued = queued + (NEW.state = 'queued') - (OLD.state = 'queued'),
+                     in_flight = in_flight + (NEW.state = 'leased') - (OLD.state = 'leased'),
+                     due_hint = CASE WHEN NEW.state <> 'queued' THEN due_hint
+                                     WHEN queued = 0 THEN NEW.due_at
+                                     ELSE MIN(COALESCE(due_hint, NEW.due_at), NEW.due_at) END
+     WHERE host_id = NEW.host_id;
+END;
+-- A grant (queued -> leased) and a completion (leased -> done) count their URLs in one
+-- statement per batch (sql.SQLStore.grant, finish): the two moves of every page, not per row.
+CREATE TRIGGER urls_state_total AFTER UPDATE OF state ON urls WHEN OLD.state IS NOT NEW.state
+    AND NOT (OLD.state = 'queued' AND NEW.state = 'leased')
+    AND NOT (OLD.state = 'leased' AND NEW.state = 'done') BEGIN
+    UPDATE url_states SET n = n + (state = NEW.state) - (state = OLD.state)
+     WHERE state IN (OLD.state, NEW.state);
+END;
+""",
 ]
 
 assert len(MIGRATIONS) == SCHEMA_VERSION
