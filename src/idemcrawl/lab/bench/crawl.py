@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import hashlib
 import importlib
 import importlib.metadata
@@ -44,7 +43,6 @@ import platform
 import re
 import resource
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -68,6 +66,7 @@ from .instructions import (
     detect_counter,
     measure_instructions,
 )
+from .reaper import killpg, set_subreaper
 from .site import SiteSpec, StaticSite
 
 __all__ = [
@@ -90,7 +89,6 @@ TOOLS: Final = ("idemcrawl", *COMPARATORS)
 CONCURRENCY: Final = 64
 HOST_CONCURRENCY: Final = 8
 SAMPLE_SECONDS: Final = 0.05
-_PR_SET_CHILD_SUBREAPER: Final = 36
 
 
 class BenchSpider(Spider):
@@ -483,22 +481,6 @@ def _fmt(value: float | int | None, digits: int, suffix: str = "") -> str:
 # -- the launcher (runs in its own process) -----------------------------------------------------
 
 
-def _set_subreaper() -> bool:
-    """Become a child subreaper (Linux), so orphaned descendants are re-parented to us."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _launch_main(argv: Sequence[str]) -> int:
     """``OUT.json TIMEOUT -- CMD...``: run CMD, reap its whole tree, write what it cost.
 
@@ -507,7 +489,7 @@ def _launch_main(argv: Sequence[str]) -> int:
     """
     out, timeout = argv[0], float(argv[1])
     cmd = list(argv[3:])
-    subreaper = _set_subreaper()
+    subreaper = set_subreaper()
     timed_out = threading.Event()
     busy_start = machine_busy_seconds()
     start = time.perf_counter()
@@ -515,7 +497,7 @@ def _launch_main(argv: Sequence[str]) -> int:
 
     def expire() -> None:
         timed_out.set()
-        _killpg(proc.pid)
+        killpg(proc.pid)
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
@@ -538,7 +520,7 @@ def _launch_main(argv: Sequence[str]) -> int:
             if time.monotonic() > deadline:
                 if killed:
                     break
-                _killpg(proc.pid)
+                killpg(proc.pid)
                 deadline, killed = time.monotonic() + 5.0, True
             time.sleep(0.01)
     timer.cancel()
@@ -652,7 +634,7 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
         try:
             lp.wait(timeout + 60)
         except subprocess.TimeoutExpired:
-            _killpg(lp.pid)
+            killpg(lp.pid)
             lp.wait()
         finally:
             sampler.stop()

@@ -24,11 +24,9 @@ here imports it, so the counting can be tested and reused without the benchmark.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from .reaper import killpg, set_subreaper
 from .site import SiteSpec, StaticSite
 
 __all__ = [
@@ -64,7 +63,6 @@ COUNTERS: Final = ("auto", "perf", "valgrind")
 #: processes) get to exit and write their counts before they are killed and the run fails.
 #: Generous: under valgrind a process's exit (and cachegrind's dump) takes seconds.
 DESCENDANT_GRACE_S: Final = 120.0
-_PR_SET_CHILD_SUBREAPER: Final = 36
 #: Exit statuses of the reaper when it, not the tool, ended the run.
 _EXIT_TIMEOUT: Final = 124
 _EXIT_STRAGGLERS: Final = 125
@@ -276,21 +274,6 @@ def _reaper_command(cmd: list[str], grace_s: float, timeout: float) -> list[str]
     ]
 
 
-def _set_subreaper() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _reap_main(argv: Sequence[str]) -> int:
     """``GRACE TIMEOUT -- CMD...``: run CMD and wait until every process it started has exited.
 
@@ -303,13 +286,13 @@ def _reap_main(argv: Sequence[str]) -> int:
     """
     grace, timeout = float(argv[0]), float(argv[1])
     cmd = list(argv[3:])
-    _set_subreaper()
+    set_subreaper()
     timed_out = threading.Event()
     proc = subprocess.Popen(cmd, start_new_session=True)
 
     def expire() -> None:
         timed_out.set()
-        _killpg(proc.pid)
+        killpg(proc.pid)
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
@@ -325,7 +308,7 @@ def _reap_main(argv: Sequence[str]) -> int:
             if time.monotonic() > deadline:
                 if killed:
                     break
-                _killpg(proc.pid)
+                killpg(proc.pid)
                 deadline, killed = time.monotonic() + 5.0, True
             time.sleep(0.02)
     timer.cancel()
@@ -398,7 +381,7 @@ def count_run(
             try:
                 code = proc.wait(timeout + grace_s + 60)
             except subprocess.TimeoutExpired:  # the reaper itself hangs: end everything
-                _killpg(proc.pid)
+                killpg(proc.pid)
                 proc.wait()
                 raise BenchError(f"{name}: the counted run did not end; killed") from None
         seconds = time.perf_counter() - started
