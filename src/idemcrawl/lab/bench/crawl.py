@@ -66,7 +66,7 @@ from .instructions import (
     detect_counter,
     measure_instructions,
 )
-from .reaper import killpg, set_subreaper
+from .reaper import killpg, reap_descendants, set_subreaper
 from .site import SiteSpec, StaticSite
 
 __all__ = [
@@ -506,23 +506,9 @@ def _launch_main(argv: Sequence[str]) -> int:
     wall = time.perf_counter() - start
     busy_end = machine_busy_seconds()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    # Reap every re-parented descendant (idemcrawl's forkserver exits once it sees its parent
-    # gone); their CPU time joins RUSAGE_CHILDREN only when they are waited for.
-    # A descendant that outlives that (one that left the tool's process group) is killed with
-    # the group, and if even that does not end it the launcher stops waiting rather than hang.
-    deadline, killed = time.monotonic() + 15.0, False
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            if time.monotonic() > deadline:
-                if killed:
-                    break
-                killpg(proc.pid)
-                deadline, killed = time.monotonic() + 5.0, True
-            time.sleep(0.01)
+    # Reap every re-parented descendant: their CPU time joins RUSAGE_CHILDREN only when they
+    # are waited for.
+    reap_descendants(proc.pid, 15.0, 0.01)
     timer.cancel()
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = {

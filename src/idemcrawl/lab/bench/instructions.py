@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from .reaper import killpg, set_subreaper
+from .reaper import killpg, reap_descendants, set_subreaper
 from .site import SiteSpec, StaticSite
 
 __all__ = [
@@ -298,19 +298,7 @@ def _reap_main(argv: Sequence[str]) -> int:
     timer.daemon = True
     timer.start()
     proc.wait()
-    deadline, killed = time.monotonic() + grace, False
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            if time.monotonic() > deadline:
-                if killed:
-                    break
-                killpg(proc.pid)
-                deadline, killed = time.monotonic() + 5.0, True
-            time.sleep(0.02)
+    killed = reap_descendants(proc.pid, grace, 0.02)
     timer.cancel()
     if timed_out.is_set():
         print(f"instruction count: timed out after {timeout:g} s", file=sys.stderr)
