@@ -65,16 +65,9 @@ class LinkGate:
     completion once its transaction has committed, and :meth:`filter` drops links it knows.
     """
 
-    def __init__(
-        self,
-        gate: DiscoveryGate,
-        frontier: Frontier,
-        call: Call,
-        clock: Clock,
-        known: KnownURLs | None = None,
-    ) -> None:
+    def __init__(self, gate: DiscoveryGate, frontier: Frontier, call: Call, clock: Clock) -> None:
         self.gate = gate
-        self.known = KnownURLs() if known is None else known
+        self.known = KnownURLs()
         self._frontier = frontier
         self._call = call
         self._clock = clock
