@@ -25,6 +25,7 @@ from idemcrawl.dedup import (
     fp_to_signed,
     hamming,
     page_simhash,
+    same_body,
     simhash64,
     visible_text,
 )
@@ -44,10 +45,24 @@ def zipf_text(seed: int, words: int = 2500, vocab_size: int = 5000) -> str:
 # --- exact hash -------------------------------------------------------------------------------
 
 
-def test_body_hash_is_blake2b_128_hex() -> None:
-    assert body_hash(b"abc") == hashlib.blake2b(b"abc", digest_size=16).hexdigest()
-    assert len(body_hash(b"")) == 32
+def test_body_hash_is_tagged_xxh3_128_hex() -> None:
+    assert body_hash(b"abc") == "x3:" + xxhash.xxh3_128_hexdigest(b"abc")
+    assert len(body_hash(b"")) == 3 + 32
     assert body_hash(b"a") != body_hash(b"b")
+
+
+def test_same_body_reads_new_and_legacy_digests() -> None:
+    body = b"<html>same</html>"
+    digest = body_hash(body)
+    assert same_body(digest, body, digest)
+    assert not same_body(body_hash(b"other"), body, digest)
+    assert not same_body(None, body, digest)
+    # A crawl stored before the change holds BLAKE2b-128: still the same body, not a change.
+    legacy = hashlib.blake2b(body, digest_size=16).hexdigest()
+    assert same_body(legacy, body, digest)
+    assert not same_body(hashlib.blake2b(b"other", digest_size=16).hexdigest(), body, digest)
+    # A digest of a form this version does not know never matches.
+    assert not same_body("sha1:ABC", body, digest)
 
 
 # --- visible text -----------------------------------------------------------------------------

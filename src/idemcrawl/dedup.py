@@ -2,8 +2,9 @@
 
 Three questions come up for every page, and each has its own tool here:
 
-* *Is this body byte-for-byte one we already stored?* :func:`body_hash`, a 128-bit BLAKE2b
-  digest (the same construction as ``frontier.base.content_hash`` and ``url.url_fingerprint``).
+* *Is this body byte-for-byte the one we fetched last time?* :func:`body_hash`, a tagged
+  128-bit XXH3 digest, compared by :func:`same_body` (which still reads the BLAKE2b-128 digests
+  that crawls stored before 2026-12-02).
 * *Is this page a near-duplicate of one we already have* (same article, different ad slot,
   timestamp or session id)? :func:`simhash64` of :func:`visible_text`, compared with
   :func:`hamming`; :class:`SimHashIndex` answers "which stored fingerprints are within k bits"
@@ -64,6 +65,7 @@ __all__ = [
     "fp_from_signed",
     "fp_to_signed",
     "hamming",
+    "same_body",
     "simhash64",
     "visible_text",
 ]
@@ -75,15 +77,42 @@ _FP_LIMIT: Final = 1 << _FP_BITS
 # Exact duplicates
 
 
-def body_hash(body: bytes) -> str:
-    """Hex BLAKE2b-128 digest of a response body, for exact-duplicate detection.
+#: Marks a :func:`body_hash` digest: digests stored before it (32 hex characters, BLAKE2b-128)
+#: stay comparable through :func:`same_body`.
+BODY_HASH_TAG: Final = "x3:"
 
-    BLAKE2b with ``digest_size=16`` is what the rest of idemcrawl already uses for durable keys
-    (``content_hash``, ``url_fingerprint``, ``record_id``), it runs at C speed in ``hashlib``
-    (no extra dependency) and 128 bits make an accidental collision irrelevant at any crawl
-    size. SHA-256 would only add bytes. Changing this invalidates stored hashes.
+
+def body_hash(body: bytes) -> str:
+    """``"x3:"`` + hex XXH3-128 of a response body: the page's ``content_hash``, which tells a
+    revisit whether the page changed (R13) and readers of the event stream which pages to
+    re-index.
+
+    Computed for every fetched page in the crawl process, so its speed is the crawl's: XXH3-128
+    takes ~2 µs for a 15 KB page where BLAKE2b-128 took ~70 µs (about 7 % of the whole crawl's
+    CPU per page, issue 17). A change detector needs no cryptographic strength: a site that
+    wanted to hide a change from its own crawler could simply not change the bytes. 128 bits
+    keep an accidental collision irrelevant at any crawl size.
     """
+    return BODY_HASH_TAG + xxhash.xxh3_128_hexdigest(body)
+
+
+def legacy_body_hash(body: bytes) -> str:
+    """The BLAKE2b-128 hex digest that :func:`body_hash` gave before 2026-12-02."""
     return hashlib.blake2b(body, digest_size=16).hexdigest()
+
+
+def same_body(stored: str | None, body: bytes, digest: str) -> bool:
+    """Whether ``body`` (whose :func:`body_hash` is ``digest``) is the body ``stored`` names.
+
+    A digest from an older crawl (untagged BLAKE2b) is compared with the body's BLAKE2b, so
+    an upgrade does not make every page look changed at its next visit; a digest in a form
+    this version does not know never matches.
+    """
+    if stored is None:
+        return False
+    if stored.startswith(BODY_HASH_TAG):
+        return stored == digest
+    return len(stored) == 32 and stored == legacy_body_hash(body)
 
 
 # --------------------------------------------------------------------------------------------

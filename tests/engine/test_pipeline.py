@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import xxhash
 from warcio.archiveiterator import ArchiveIterator
 
 import idemcrawl
@@ -147,12 +148,36 @@ def test_a_page_becomes_a_completion_with_its_links_and_next_visit(
     assert sorted(u.url for u in out.links) == [f"{HOST}/about", f"{HOST}/p1"]
     assert all(u.depth == 1 for u in out.links)
     assert out.rejections == {}  # page.links() leaves out-of-scope links out itself
-    assert out.content_hash == hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+    assert out.content_hash == "x3:" + xxhash.xxh3_128_hexdigest(body.encode())
     assert out.revisit_interval is not None
     assert out.next_fetch_at == clock.now + out.revisit_interval
     assert out.warc_file is None  # WARC output off
     assert r.fetcher.calls == [(lease.url, None)]  # a first round: no conditional headers
     assert r.summary.fetched == 1 and r.summary.bytes == len(body)
+
+
+@pytest.mark.parametrize("stored", ["new", "legacy", "other", "status"])
+def test_a_revisit_is_changed_only_when_body_or_status_differ(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock, stored: str
+) -> None:
+    """``changed`` (R13) compares the body with the digest the last round stored, in this
+    version's form or the BLAKE2b one of crawls stored before it."""
+    add_pages(frontier, clock, 1)
+    (lease,) = lease_all(frontier, clock, 1)
+    body = html("/p1", text="the same words")
+    prev = {
+        "new": "x3:" + xxhash.xxh3_128_hexdigest(body.encode()),
+        "legacy": hashlib.blake2b(body.encode(), digest_size=16).hexdigest(),
+        "other": hashlib.blake2b(b"an older body", digest_size=16).hexdigest(),
+        "status": "x3:" + xxhash.xxh3_128_hexdigest(body.encode()),
+    }[stored]
+    lease = dataclasses.replace(
+        lease, prev_hash=prev, prev_status=404 if stored == "status" else 200
+    )
+    r = rig(tmp_path, frontier, clock, {lease.url: response(lease.url, 200, body)})
+    out = r.run(lease)
+    assert isinstance(out, Completion)
+    assert out.changed is (stored in ("other", "status"))
 
 
 def test_links_known_to_be_committed_skip_the_frontier_but_still_count(

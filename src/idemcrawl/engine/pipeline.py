@@ -22,7 +22,6 @@ dropped (it is about to expire, or the archive failed and the crawl is stopping)
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from typing import Any, Protocol
 from .. import url as urls
 from ..config import CrawlConfig
 from ..cookies import CookieJar, cookies_from
+from ..dedup import body_hash, same_body
 from ..fetch import RETRYABLE_STATUS, FetchError, FetchResult, retry_after_seconds
 from ..frontier.base import (
     DOWNLOAD,
@@ -329,8 +329,10 @@ class Pipeline:
         **extra: Any,
     ) -> Completion:
         """The completion of one fetched round: content hash, change, next revisit, archive."""
-        digest = hashlib.blake2b(res.body, digest_size=16).hexdigest()
-        changed = lease.prev_hash != digest or lease.prev_status != res.status
+        digest = body_hash(res.body)
+        changed = lease.prev_status != res.status or not same_body(
+            lease.prev_hash, res.body, digest
+        )
         now = self.clock.time()
         interval = self.recrawl.next_interval(
             lease.url,
