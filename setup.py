@@ -1,8 +1,12 @@
-"""Build of the one C extension, ``idemcrawl._simhash`` (everything else is in pyproject.toml).
+"""Build of the two C extensions (everything else is in pyproject.toml).
+
+* ``idemcrawl._simhash``: SimHash and XXH3 for ``idemcrawl.dedup``;
+* ``idemcrawl._links``: the plain-link fast path of ``idemcrawl.url.Resolver``.
 
 ``optional=True``: without a C compiler or Python headers ``pip install`` still succeeds and
-``idemcrawl.dedup`` falls back to its pure-Python SimHash, which gives the same fingerprints
-(only slower: docs/benchmarks.md). CI asserts the extension is built (tests/test_simhash_native.py).
+``idemcrawl.dedup`` and ``idemcrawl.url`` fall back to pure Python, which gives the same results
+(only slower: docs/benchmarks.md). CI asserts both are built (tests/test_simhash_native.py,
+tests/test_url_resolver.py).
 """
 
 from setuptools import Extension, setup
@@ -13,6 +17,11 @@ setup(
             "idemcrawl._simhash",
             sources=["src/idemcrawl/_simhash.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "idemcrawl._links",
+            sources=["src/idemcrawl/_links.c"],
+            optional=True,
+        ),
     ]
 )

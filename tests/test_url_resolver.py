@@ -1,13 +1,15 @@
-"""``Resolver`` must be ``normalise(href, base)`` exactly, fast paths or not."""
+"""``Resolver`` must be ``normalise(href, base)`` exactly, fast paths or not, in C or Python."""
 
 from __future__ import annotations
 
+import os
 import string
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import idemcrawl.url as url_mod
 from idemcrawl.url import InvalidURL, Resolver, normalise
 
 BASES = [
@@ -50,7 +52,66 @@ def outcome(fn, href: str) -> str:  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_resolver_equals_normalise(base: str, href: str) -> None:
     r = Resolver(base)
-    assert outcome(r.resolve, href) == outcome(lambda h: normalise(h, base), href)
+    expected = outcome(lambda h: normalise(h, base), href)
+    assert outcome(r.resolve, href) == expected
+    assert outcome(r._resolve_py, href) == expected  # the reference, also the fallback
+    # The batch form joins only what the fast path may: each answer is normalise's, or None.
+    (joined,) = r.resolve_many([href])
+    assert joined is None or joined == expected
+
+
+def test_the_c_fast_path_is_built_in_ci() -> None:
+    """Without it every link takes the Python path (same URLs, ~10x the instructions)."""
+    if not os.environ.get("CI"):
+        pytest.skip("only CI requires the build; elsewhere the fallback is allowed")
+    assert url_mod._native is not None, "idemcrawl._links was not built"
+
+
+@pytest.mark.skipif(url_mod._native is None, reason="idemcrawl._links not built")
+def test_c_and_python_fast_paths_take_the_same_links() -> None:
+    """Where the Python fast path answers without the URL parser, so does the C one."""
+    base = "http://shop.test/p/5"
+    r = Resolver(base)
+    native = url_mod._native
+    assert native is not None
+    hrefs = [
+        "/p/1",
+        "1",
+        "./1",
+        "../p/1",
+        "http://shop.test/p/1#x",
+        "/q?a=1&b=c",
+        "/?.",
+        "./a/../b",
+        "/p/%7e",
+        "#top",
+        "mailto:x",
+        "//o.test/",
+        "/p?",
+        "/a/.b",
+        None,
+        "",
+    ]
+    many = r.resolve_many(list(hrefs))
+    for href, joined in zip(hrefs, many, strict=True):
+        one = native.plain_join(r.origin, r._dir, r._dir_root, href)
+        assert one == joined
+        if joined is not None:
+            assert joined == normalise(href, base)
+    assert many[:7] == [
+        "http://shop.test/p/1",
+        "http://shop.test/p/1",
+        "http://shop.test/p/1",
+        "http://shop.test/p/1",
+        "http://shop.test/p/1",
+        "http://shop.test/q?a=1&b=c",
+        "http://shop.test/?.",
+    ]
+    assert many[8:] == [None] * 8
+    with pytest.raises(ValueError, match="start with origin"):
+        native.plain_join("http://a.test", "http://b.test/", 15, "/x")
+    with pytest.raises(TypeError):
+        native.plain_join_many("http://a.test", "http://a.test/", 15, ("/x",))
 
 
 @pytest.mark.parametrize(
@@ -79,10 +140,13 @@ def test_resolver_raises_like_normalise() -> None:
         Resolver("http://shop.test/").resolve("/" + "a" * 9000)
 
 
-def test_common_links_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_common_links_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
     """The plain forms never reach the URL parser (otherwise the property above is vacuous)."""
-    import idemcrawl.url as url_mod
-
+    if native and url_mod._native is None:
+        pytest.skip("idemcrawl._links not built")
+    if not native:
+        monkeypatch.setattr(url_mod, "_native", None)
     r = Resolver("http://shop.test/p/5")
 
     def no_parser(*_args: object) -> str:

@@ -490,13 +490,23 @@ class Page:
         if not self.is_html:
             return []
         out: dict[str, str] = {}
-        resolve = self.resolver.resolve
+        resolver = self.resolver
+        resolve = resolver.resolve
         host_key = urls.host_key
         scope_hosts, scope = self._scope_hosts, self._scope
         # Scope is decided by the host key alone in every mode (same origin, same site, any).
         scoped: dict[str, bool] = {}
-        for node in self._tree.css("a[href], area[href]"):
-            href = node.attributes.get("href")
+        hrefs = [node.attributes.get("href") for node in self._tree.css("a[href], area[href]")]
+        # Plain same-origin links joined in one C call (their host key is the page's origin);
+        # None for the others, which take the whole path below.
+        plain = resolver.resolve_many(hrefs)
+        origin = resolver.origin
+        origin_ok = bool(origin) and urls.in_scope(origin + "/", scope_hosts, scope)
+        for href, u in zip(hrefs, plain, strict=True):
+            if u is not None:
+                if origin_ok and u not in out:
+                    out[u] = origin
+                continue
             if not href:
                 continue
             try:
