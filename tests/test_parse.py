@@ -599,6 +599,29 @@ class TestTrapChecks:
         deep = p.run(job(b'<a href="/ok">ok</a>', depth=3))
         assert deep.links == [] and deep.rejected == {"depth": 1}
 
+    def test_cached_verdicts_give_the_same_links_and_rejections(self) -> None:
+        """The second page with the same links takes the parser's cached path (the verdicts of
+        the first): the same links accepted, the same ones rejected, depth still checked."""
+        from idemcrawl.traps import TrapLimits
+
+        limits = TrapLimits(max_url_length=60, max_repeated_segment=2, max_depth=3)
+        p = Parser(None, frozenset({SHOP}), "host", limits)
+        body = (
+            b'<a href="/a/a/a">loop</a><a href="/ok">ok</a><a href="/' + b"l" * 80 + b'">long</a>'
+            b'<a href="/ok2">ok</a><a href="/a/a/a">loop again</a>'
+        )
+        first = p.run(job(body, depth=1))
+        second = p.run(job(body, url=f"{SHOP}/other", depth=1))
+        for result in (first, second):
+            assert [(n.url, n.host_key, n.depth) for n in result.links] == [
+                (f"{SHOP}/ok", SHOP, 2),
+                (f"{SHOP}/ok2", SHOP, 2),
+            ]
+            assert result.rejected == {"repeated_segment": 1, "url_length": 1}
+        deep = p.run(job(body, depth=3))
+        assert deep.links == []
+        assert deep.rejected == {"repeated_segment": 1, "url_length": 1, "depth": 2}
+
 
 # -- the parser pool and the wire format ------------------------------------------------------
 
