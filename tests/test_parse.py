@@ -716,6 +716,34 @@ class TestParserPool:
         result = asyncio.run(main())
         assert result.error is None and result.records[0].key == f"{SHOP}/a"
 
+    def test_a_backlog_bigger_than_the_pipe_arrives_whole_and_in_order(
+        self, tmp_path: Path
+    ) -> None:
+        """Jobs the job pipe cannot take at once wait in the pool's queue, partial writes
+        included (here ~6 MB for one worker, several times a widened pipe)."""
+        import asyncio
+
+        from idemcrawl.parse_pool import PIPE_BYTES, ParserPool
+
+        spider = write(tmp_path / "moody.py", POOL_SPIDER)
+        pool = ParserPool(1, (f"{spider}:Moody", SCOPE, "host", None, None))
+        filler = b"<p>" + b"x" * 199_993 + b"</p>"  # 200,000 bytes, not a multiple of 4 KiB
+
+        def big(i: int) -> ParseJob:
+            return job(filler + f"<a href='/n{i}'>n</a>".encode(), url=f"{SHOP}/p{i}")
+
+        async def main() -> list[ParseResult]:
+            try:
+                return list(await asyncio.gather(*(pool.parse(big(i), 30.0) for i in range(30))))
+            finally:
+                pool.close()
+
+        results = asyncio.run(main())
+        assert 30 * len(filler) > 4 * PIPE_BYTES
+        assert [r.error for r in results] == [None] * 30
+        assert [r.records[0].key for r in results] == [f"{SHOP}/p{i}" for i in range(30)]
+        assert [r.links[0].url for r in results] == [f"{SHOP}/n{i}" for i in range(30)]
+
     def test_needs_a_worker(self) -> None:
         from idemcrawl.parse_pool import ParserPool
 
