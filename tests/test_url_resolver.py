@@ -27,7 +27,7 @@ _PIECES = [
     "/", "./", "../", ".", "..", "?", "#", ":", "//", "\\", "%2e", "%41", "%", " ", "\t",
     "'", "http://shop.test", "https://shop.test:8443", "http://127.0.0.1:8080",
     "http://shop.test.evil", "HTTP://shop.test", "http://shop.test:80", "mailto:", "p", "12",
-    "a:b", "é", "x=1&y=2", ";", "@", "~", "-", "_", "\x00",
+    "a:b", "é", "x=1&y=2", ";", "@", "~", "-", "_", "\x00", "tel:", "javascript:", "MAILTO:",
 ]  # fmt: skip
 hrefs = st.lists(
     st.sampled_from(_PIECES) | st.text(string.ascii_letters + "./?#:%", max_size=4),
