@@ -397,7 +397,8 @@ CREATE TABLE cookies (
     # 256-page completion of that process read the whole hosts table (4,184 buffers, 64 of
     # the link insert's 143 ms at 10^5 hosts, growing with the crawl). Without hash and merge
     # joins the only plan left is one index probe per host of the batch, right for 1 host and
-    # for 20,000.
+    # for 20,000. A later migration that replaces these functions (CREATE OR REPLACE resets
+    # their settings) must set both again.
     tuple(
         f"ALTER FUNCTION {fn}() SET {knob} = off"
         for fn in ("urls_count_insert", "urls_count_update", "urls_count_delete")
