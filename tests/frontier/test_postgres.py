@@ -145,6 +145,135 @@ def test_a_version_5_schema_migrates_in_place(dsn: str, new_schema, admin) -> No
         f.close()
 
 
+def test_a_version_6_schema_migrates_in_place(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """Version 7 on a real version-6 schema (a version-5 crawl that migration 6 carried over,
+    then a URL added and a lease granted by version 6's triggers): the count triggers keep to
+    index probes of hosts, rows, counts and leases survive, and the triggers keep counting."""
+    from psycopg import sql
+
+    from idemcrawl.frontier.postgres_schema import MIGRATIONS
+
+    from .v5_crawl import T0 as V5_T0
+    from .v5_crawl import URLS as V5_URLS
+    from .v5_crawl import expected_states, write_v5_rows
+
+    schema = new_schema()
+    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+    admin.execute(
+        "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+        "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    )
+    for version, statements in enumerate(MIGRATIONS[:6], start=1):
+        if version == 6:
+            write_v5_rows(admin.execute, "%s")  # version 5's triggers count the hosts
+        for stmt in statements:
+            admin.execute(stmt)
+        admin.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+    # Version 6 at work: a URL on a new host, then a lease of it, counted by its triggers.
+    admin.execute("INSERT INTO hosts (host_key) VALUES ('http://e')")
+    admin.execute(
+        "INSERT INTO urls (url, host_id, due_at) "
+        "SELECT 'http://e/1', host_id, %s FROM hosts WHERE host_key = 'http://e'",
+        (V5_T0,),
+    )
+    admin.execute(
+        "UPDATE urls SET state = 'leased', lease_owner = 'w', lease_token = 9, "
+        "lease_expires_at = %s WHERE url = 'http://e/1'",
+        (V5_T0 + 5,),
+    )
+    assert admin.execute(
+        "SELECT queued, in_flight FROM hosts WHERE host_key = 'http://e'"
+    ).fetchone() == (0, 1)
+    admin.execute("RESET search_path")
+    f = _open(dsn, schema)
+    try:
+        assert _versions(admin, schema) == list(range(1, 8))
+        configs = {
+            name: set(config)
+            for name, config in admin.execute(
+                "SELECT p.proname, p.proconfig FROM pg_proc p JOIN pg_namespace n "
+                "ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.proname LIKE 'urls_count_%%'",
+                (schema,),
+            ).fetchall()
+        }
+        assert configs == {
+            fn: {f"search_path={schema}", "enable_hashjoin=off", "enable_mergejoin=off"}
+            for fn in ("urls_count_insert", "urls_count_update", "urls_count_delete")
+        }
+        rows = {r["url"]: r for r in f.url_rows()}
+        assert {u: (r["host_key"], r["state"]) for u, r in rows.items()} == {
+            **{u[0]: (u[1], u[2]) for u in V5_URLS},
+            "http://e/1": ("http://e", "leased"),
+        }
+        assert (rows["http://a/4"]["lease_token"], rows["http://e/1"]["lease_token"]) == (7, 9)
+        expected = expected_states()
+        expected["leased"] += 1
+        assert f.stats().urls_by_state == expected
+
+        def host_counts() -> dict[str, tuple[int, int]]:
+            return {h["host_key"]: (h["queued"], h["in_flight"]) for h in f.host_rows()}
+
+        assert host_counts() == {
+            "http://a": (3, 1), "http://b": (0, 0), "http://c": (0, 0), "http://e": (0, 1),
+        }  # fmt: skip
+        # The migrated triggers keep counting: expiries, an add, a lease.
+        assert f.expire(V5_T0 + 10) == 2
+        added = [NewURL("http://e/2", "http://e"), NewURL("http://a/1", "http://a")]
+        assert f.add(added, V5_T0) == 1
+        leased = f.lease("w2", 10, V5_T0, 30, FAST)
+        # (the expired ones wait out their retry delay, queued)
+        assert sorted(ls.url for ls in leased) == [
+            "http://a/1", "http://a/2", "http://a/3", "http://e/2",
+        ]  # fmt: skip
+        assert host_counts() == {
+            "http://a": (1, 3), "http://b": (0, 0), "http://c": (0, 0), "http://e": (1, 1),
+        }  # fmt: skip
+        counted = dict.fromkeys(expected, 0)
+        for r in f.url_rows():
+            counted[r["state"]] += 1
+        assert f.stats().urls_by_state == counted
+    finally:
+        f.close()
+
+
+def test_count_triggers_probe_hosts_by_id_after_a_large_first_batch(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, admin
+) -> None:
+    """A server process plans its count triggers' statements once, on the first batch it
+    writes; a 20,000-URL add planned "UPDATE hosts ... FROM (the batch's hosts)" as a hash join
+    over every host, and each later small insert of that process then read the whole hosts
+    table (schema 7 keeps them to index probes). Counted in the frontier's own server process,
+    in an insert it rolls back: its transaction's sequential scans of hosts."""
+    f = _open(dsn, new_schema())
+    try:
+        hosts = [f"http://h{i:05d}" for i in range(20_000)]
+        f.add([NewURL(f"{h}/p", h) for h in hosts], T0)  # the triggers' first, large batch
+        conn = f._conn  # the frontier's connection: its server process holds the trigger plans
+        assert conn is not None
+        host_id = conn.execute(
+            "SELECT host_id FROM hosts WHERE host_key = %s", (hosts[7],)
+        ).fetchone()[0]
+        conn.rollback()
+        try:
+            conn.execute(
+                "INSERT INTO urls (url, host_id, due_at) VALUES (%s, %s, %s)",
+                (f"{hosts[7]}/q", host_id, T0),
+            )
+            scans = conn.execute(
+                "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'hosts'::regclass"
+            ).fetchone()[0]
+            queued = conn.execute(
+                "SELECT queued FROM hosts WHERE host_id = %s", (host_id,)
+            ).fetchone()[0]
+        finally:
+            conn.rollback()
+        assert queued == 2  # the trigger did count it
+        assert scans == 0
+    finally:
+        f.close()
+
+
 _OPEN_AT = (
     "import sys, time\n"
     "from idemcrawl.frontier.postgres import PostgresFrontier\n"

@@ -389,5 +389,20 @@ CREATE TABLE cookies (
         "CREATE TRIGGER urls_delete AFTER DELETE ON urls REFERENCING OLD TABLE AS old_rows "
         "FOR EACH STATEMENT EXECUTE FUNCTION urls_count_delete()",
     ),
+    # 7: the count triggers' host updates go by hosts_host_id, whatever the batch's size
+    # (issue 14). PL/pgSQL plans a statement without parameters once per server process and
+    # keeps that plan: planned on the transition table of a 20,000-URL add (the row estimate
+    # of a transition table is its size at planning time), "UPDATE hosts ... FROM (the batch's
+    # hosts)" became a hash join over a sequential scan of every host, and every later
+    # 256-page completion of that process read the whole hosts table (4,184 buffers, 64 of
+    # the link insert's 143 ms at 10^5 hosts, growing with the crawl). Without hash and merge
+    # joins the only plan left is one index probe per host of the batch, right for 1 host and
+    # for 20,000. A later migration that replaces these functions (CREATE OR REPLACE resets
+    # their settings) must set both again.
+    tuple(
+        f"ALTER FUNCTION {fn}() SET {knob} = off"
+        for fn in ("urls_count_insert", "urls_count_update", "urls_count_delete")
+        for knob in ("enable_hashjoin", "enable_mergejoin")
+    ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
