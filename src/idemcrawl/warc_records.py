@@ -344,3 +344,63 @@ def build_exchange(
     if rendered is not None:
         members.append(gzip_member(rendered_record(url, date, response_id, rendered), level))
     return BuiltExchange(b"".join(members), len(members[0]), len(members[1]), response_id, digest)
+
+
+class ExchangeSpec(NamedTuple):
+    """What a parser process needs, besides the job's URL, status and body, to build a page's
+    exchange (:func:`build_page_exchange`): the fetch facts the crawl process has, and the
+    metadata facts only it knows (``url_version``, ``elapsed_s``, ``wire_bytes``, a spider
+    request's key, callback and data). The parser adds what only it knows: the links, the
+    record count and the parse error. ``links_cut``: the page is a redirect one hop past the
+    crawl's limit, whose links the crawl drops (pipeline's redirect rule), so the metadata
+    record lists none."""
+
+    fetched_at: float
+    request_headers: list[tuple[str, str]]
+    reason: str
+    http_version: str
+    response_headers: list[tuple[str, str]]
+    ip: str | None
+    metadata: dict[str, Any]
+    decoded: bool
+    truncated: str | None
+    method: str
+    request_body: bytes
+    level: int
+    links_cut: bool
+
+
+def build_page_exchange(
+    spec: ExchangeSpec,
+    url: str,
+    status: int,
+    body: bytes,
+    *,
+    links: list[str],
+    records: int,
+    parse_error: str | None,
+) -> BuiltExchange:
+    """A parsed page's exchange, with the metadata record the crawl process would write."""
+    metadata = {
+        **spec.metadata,
+        "parse_error": parse_error,
+        "links": [] if spec.links_cut else links,
+        "records": records,
+    }
+    return build_exchange(
+        url=url,
+        fetched_at=spec.fetched_at,
+        request_headers=spec.request_headers,
+        status=status,
+        reason=spec.reason,
+        http_version=spec.http_version,
+        response_headers=spec.response_headers,
+        body=body,
+        ip=spec.ip,
+        metadata=metadata,
+        decoded=spec.decoded,
+        truncated=spec.truncated,
+        method=spec.method,
+        request_body=spec.request_body,
+        level=spec.level,
+    )

@@ -480,12 +480,13 @@ def test_identical_bodies_in_flight_together_are_archived_once(
         disk.clear()
         tasks = [asyncio.create_task(r.pipeline.process(ls)) for ls in (a, b)]
         await settle()
-        assert writes == ["write_exchange"]  # the second waits for the first's write
+        # The parser built the exchange; the second waits for the first's append.
+        assert writes == ["append_exchange"]
         disk.set()
         return await asyncio.gather(*tasks)
 
     first, second = asyncio.run(main())
-    assert writes == ["write_exchange", "write_revisit"]
+    assert writes == ["append_exchange", "write_revisit"]
     assert isinstance(first, Completion) and first.stored_body
     assert isinstance(second, Completion) and not second.stored_body
     assert second.warc_offset == first.warc_offset
