@@ -36,7 +36,8 @@ from idemcrawl.frontier.base import (
     NewURL,
 )
 from idemcrawl.frontier.sqlite import SQLiteFrontier
-from idemcrawl.warc import WarcStore
+from idemcrawl.parse import ParseJob, ParseResult
+from idemcrawl.warc import WarcPointer, WarcStore, parse_metadata, read_response
 
 from .conftest import HOST, add_pages, lease_all
 from .fakes import FakeClock, FakeFetcher, response, settle
@@ -504,3 +505,48 @@ def test_an_archive_failure_stops_the_crawl_once_and_commits_nothing(
     assert r.run(a) is None and r.run(b) is None
     assert len(r.fatal) == 1 and r.fatal[0].startswith("WARC store failed: ")
     assert r.summary.fetched == 2
+
+
+def _metadata_records(store: WarcStore) -> list[dict[str, Any]]:
+    out = []
+    for name in sorted(os.listdir(store.directory)):
+        if name.endswith(".warc.gz"):
+            with open(os.path.join(store.directory, name), "rb") as fh:
+                for rec in ArchiveIterator(fh):
+                    if rec.rec_type == "metadata":
+                        out.append(parse_metadata(rec.content_stream().read()))
+    return out
+
+
+def test_the_parser_built_exchange_says_what_the_crawl_process_would(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """A page's exchange is built by the parser (``ParseResult.warc``); when the parser gives
+    none (a timeout, a dead parser process), the crawl process builds it: the same records and
+    the same metadata either way, and the pointer reads the body back."""
+    add_pages(frontier, clock, 2)
+    a, b = lease_all(frontier, clock, 2)
+    routes = {u.url: response(u.url, 200, html("/x", "/y", text=u.url)) for u in (a, b)}
+    r = rig(tmp_path, frontier, clock, routes, warc=True)
+    parse = r.pipeline._parse
+    built: list[bool] = []
+
+    async def without_warc(job: ParseJob) -> ParseResult:
+        result = await parse(job)
+        built.append(result.warc is not None)
+        if job.url == b.fetch_url:
+            result.warc = None  # as after a parse timeout
+        return result
+
+    r.pipeline._parse = without_warc
+    first, second = r.run(a), r.run(b)
+    assert built == [True, True]
+    assert isinstance(first, Completion) and isinstance(second, Completion)
+    assert [t for t, _ in r.records()][1:] == ["request", "response", "metadata"] * 2
+    meta_a, meta_b = _metadata_records(r.store)  # type: ignore[arg-type]
+    assert meta_a.keys() == meta_b.keys()
+    assert [len(m["links"]) for m in (meta_a, meta_b)] == [2, 2]
+    assert meta_a["url_version"] == a.version and meta_a["records"] == meta_b["records"]
+    for out, lease in ((first, a), (second, b)):
+        ptr = WarcPointer(out.warc_file, out.warc_offset, out.warc_length, out.payload_digest)
+        assert read_response(r.store.directory, ptr)[2] == routes[lease.url].body  # type: ignore[union-attr]
