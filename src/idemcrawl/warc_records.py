@@ -144,6 +144,12 @@ def latin1(text: str) -> bytes:
         return text.encode("utf-8")
 
 
+def _has_bad_uri_char(text: str) -> bool:
+    # Four memchr-speed scans: the regex's character class measured ~4x slower on a page's
+    # ~1.5 KB of outlinks (it runs once per page).
+    return " " in text or "\r" in text or "\n" in text or "\x00" in text
+
+
 def check_uri(url: str) -> str:
     if not url or _BAD_URI.search(url):
         raise WarcError(f"cannot store {url!r}: a WARC-Target-URI has no spaces or line breaks")
@@ -212,7 +218,7 @@ def metadata_fields(url: str, metadata: dict[str, Any]) -> bytes:
             rest, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False
         )
         outlinks = list(map(str, links))
-        if "" in outlinks or _BAD_URI.search("".join(outlinks)):  # one scan; culprit after
+        if "" in outlinks or _has_bad_uri_char("".join(outlinks)):  # one scan; culprit after
             for link in outlinks:
                 check_uri(link)
     except (TypeError, ValueError, WarcError) as exc:
