@@ -550,3 +550,19 @@ def test_the_parser_built_exchange_says_what_the_crawl_process_would(
     for out, lease in ((first, a), (second, b)):
         ptr = WarcPointer(out.warc_file, out.warc_offset, out.warc_length, out.payload_digest)
         assert read_response(r.store.directory, ptr)[2] == routes[lease.url].body  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("hops", "listed"), [(2, [f"{HOST}/new?x=1"]), (5, [])])
+def test_the_metadata_record_lists_the_links_the_redirect_rule_keeps(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock, hops: int, listed: list[str]
+) -> None:
+    """The parser process builds the metadata record before the pipeline applies the redirect
+    rule (R14): a redirect past ``max_redirects`` (5) lists no links there either."""
+    add_pages(frontier, clock, 1)
+    (a,) = lease_all(frontier, clock, 1)
+    routes = {a.url: response(a.url, 301, "", {"Location": "/new?x=1"})}
+    r = rig(tmp_path, frontier, clock, routes, warc=True)
+    out = r.run(dataclasses.replace(a, hops=hops))
+    assert isinstance(out, Completion) and [u.url for u in out.links] == listed
+    (meta,) = _metadata_records(r.store)  # type: ignore[arg-type]
+    assert meta["links"] == listed
