@@ -27,8 +27,9 @@ Why it is shaped this way:
   (ISA-L or zlib); files are verified with **both** FastWARC and warcio
   (:func:`verify_directory`).
 
-Measured on this project's 2-core machine: ~0.1 ms CPU per exchange (request + response +
-metadata) of a 15 KB body, a third of it compression (``docs/warc.md``, :func:`write_cost`).
+Measured on this project's 2-core machine (loaded by other work): 0.13-0.25 ms CPU per exchange
+(request + response + metadata) of a 15 KB body, about 40 % of it the response's compression
+(``docs/warc.md``, :func:`write_cost`).
 """
 
 from __future__ import annotations
