@@ -744,6 +744,42 @@ class TestParserPool:
         assert [r.records[0].key for r in results] == [f"{SHOP}/p{i}" for i in range(30)]
         assert [r.links[0].url for r in results] == [f"{SHOP}/n{i}" for i in range(30)]
 
+    def test_results_split_and_packed_across_reads_all_arrive_in_order(self) -> None:
+        """Frames as the worker writes them (multiprocessing's, the 8-byte form for the big
+        one), several to a read and one cut across reads: each result reaches its job."""
+        import asyncio
+        import os
+        import pickle
+
+        from idemcrawl.parse_pool import ParserPool, _frame, _PendingJob, _Worker
+
+        sent = [ParseResult(error=f"page {i}", canonical="x" * (i * 5000)) for i in range(6)]
+        payloads = [pickle.dumps(r) for r in sent]
+        big = b"\xff\xff\xff\xff" + len(payloads[5]).to_bytes(8, "big") + payloads[5]
+        wire = b"".join(_frame(p) for p in payloads[:5]) + big
+
+        async def main() -> list[ParseResult]:
+            pool = ParserPool(1, ())
+            pool._loop = asyncio.get_running_loop()
+            rfd, wfd = os.pipe()
+            w = _Worker(None, rfd, wfd, ready=True)  # type: ignore[arg-type]
+            items = [_PendingJob(b"", pool._loop.create_future(), 60.0) for _ in sent]
+            w.pending.extend(items)
+            try:
+                for chunk in (wire[:10], wire[10:30000], wire[30000:]):  # cut mid-frame
+                    os.write(wfd, chunk)
+                    pool._on_readable(w)
+            finally:
+                if w.timer is not None:
+                    w.timer.cancel()
+                os.close(rfd)
+                os.close(wfd)
+            assert not w.inbuf and not w.pending
+            return [i.future.result() for i in items]
+
+        got = asyncio.run(main())
+        assert [(r.error, r.canonical) for r in got] == [(r.error, r.canonical) for r in sent]
+
     def test_needs_a_worker(self) -> None:
         from idemcrawl.parse_pool import ParserPool
 

@@ -104,17 +104,19 @@ def test_an_archive_failure_stops_the_crawl_cleanly_and_loses_nothing(
     from idemcrawl.warc import WarcError, WarcStore
 
     db = tmp_path / "c.db"
-    real = WarcStore.write_exchange
+    real = WarcStore._append_locked
     calls = {"n": 0}
 
-    def failing(self: WarcStore, **kw: object) -> object:
+    # Every write goes through the append (exchanges built by the parser process and those the
+    # store builds itself alike): the disk fills up after the fifth.
+    def failing(self: WarcStore, blob: bytes) -> tuple[str, int]:
         calls["n"] += 1
         if calls["n"] > 5:
             raise WarcError("No space left on device")
-        return real(self, **kw)  # type: ignore[arg-type]
+        return real(self, blob)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(WarcStore, "write_exchange", failing)
+    mp.setattr(WarcStore, "_append_locked", failing)
     try:
         summary = run_crawl(crawl_config(db, shop.seed_url))
     finally:

@@ -49,6 +49,7 @@ from .frontier.base import (
 from .html_text import reader_text
 from .sitemaps import parse_sitemap, priority_for
 from .traps import TrapLimits, check_url, reason_class
+from .warc_records import BuiltExchange, ExchangeSpec, build_page_exchange
 
 #: Elements that bring in what a page renders with; ``link`` only for the ``_REQUISITE_RELS``.
 _REQUISITE_CSS = (
@@ -852,13 +853,40 @@ class ParseJob:
     kind: str = PAGE
     #: The lease's request spec: which callback, with what context (None: ``parse``).
     request: RequestSpec | None = None
+    #: With the archive on: the facts to build the page's WARC exchange with, here in the
+    #: parser process, which holds the body and has CPU to spare (issue 17; ParseResult.warc).
+    warc: ExchangeSpec | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # A plain tuple on the wire: the dataclass default pickles a field dict per object.
+        # A plain tuple on the wire: the dataclass default pickles a field dict per object (and
+        # a NamedTuple pickles at twice a tuple's cost: ~4 us a page for the WARC spec).
         return (
-            ParseJob,
-            (self.url, self.status, self.headers, self.body, self.depth, self.kind, self.request),
+            _job_from_wire,
+            (
+                self.url,
+                self.status,
+                self.headers,
+                self.body,
+                self.depth,
+                self.kind,
+                self.request,
+                None if self.warc is None else tuple(self.warc),
+            ),
         )
+
+
+def _job_from_wire(
+    url: str,
+    status: int,
+    headers: dict[str, str],
+    body: bytes,
+    depth: int,
+    kind: str,
+    request: RequestSpec | None,
+    warc: tuple[Any, ...] | None,
+) -> ParseJob:
+    spec = None if warc is None else ExchangeSpec(*warc)
+    return ParseJob(url, status, headers, body, depth, kind, request, spec)
 
 
 @dataclass(slots=True)
@@ -874,6 +902,9 @@ class ParseResult:
     #: The page's ``<link rel=canonical>``, normalised: stored as a hint, never followed in
     #: place of the URL that was fetched (R9).
     canonical: str | None = None
+    #: The page's WARC exchange, built from ``ParseJob.warc`` (None without one, or when it
+    #: could not be built: the crawl process then builds it itself and meets the same error).
+    warc: BuiltExchange | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Records and links as tuples of their fields: ~40 links per page cross the process
@@ -881,9 +912,10 @@ class ParseResult:
         link extraction itself."""
         records = list(map(_record_fields, self.records))
         links = list(map(_link_fields, self.links))
+        warc = None if self.warc is None else tuple(self.warc)
         return (
             _result_from_wire,
-            (records, links, self.rejected, self.error, self.simhash, self.canonical),
+            (records, links, self.rejected, self.error, self.simhash, self.canonical, warc),
         )
 
 
@@ -899,6 +931,7 @@ def _result_from_wire(
     error: str | None,
     simhash: int | None,
     canonical: str | None = None,
+    warc: tuple[Any, ...] | None = None,
 ) -> ParseResult:
     return ParseResult(
         [RecordWrite(*r) for r in records],
@@ -907,6 +940,7 @@ def _result_from_wire(
         error,
         simhash,
         canonical,
+        None if warc is None else BuiltExchange(*warc),
     )
 
 
@@ -941,6 +975,26 @@ class Parser:
         self._trap_cache: dict[str, str | None] = {}
 
     def run(self, job: ParseJob) -> ParseResult:
+        """Parse the job; with ``job.warc``, also build its WARC exchange (``result.warc``)."""
+        result = self._parse(job)
+        if job.warc is not None:
+            try:
+                result.warc = build_page_exchange(
+                    job.warc,
+                    job.url,
+                    job.status,
+                    job.body,
+                    links=[u.url for u in result.links],
+                    records=len(result.records),
+                    parse_error=result.error,
+                )
+            except Exception:
+                # Never fail the parse for it: without result.warc the crawl process builds the
+                # exchange itself and meets the same error, handled there (it stops the crawl).
+                result.warc = None
+        return result
+
+    def _parse(self, job: ParseJob) -> ParseResult:
         result = ParseResult()
         depth = job.depth + 1
         if 300 <= job.status < 400:

@@ -233,18 +233,27 @@ class ParserPool:
             return
         buf = w.inbuf
         buf += data
-        while len(buf) >= _LEN.size:
-            n = _LEN.unpack_from(buf)[0]
-            start = _LEN.size
-            if n < 0:
-                if len(buf) < _LEN.size + _BIG_LEN.size:
+        # Walk the whole messages in the buffer, then cut them off once: a read brings up to
+        # 16 results (~8 KB each with the page's WARC exchange), and cutting each off the front
+        # in turn moved the rest of the buffer every time.
+        pos = 0
+        messages = []
+        with memoryview(buf) as view:
+            while len(buf) - pos >= _LEN.size:
+                n = _LEN.unpack_from(buf, pos)[0]
+                start = pos + _LEN.size
+                if n < 0:
+                    if len(buf) - pos < _LEN.size + _BIG_LEN.size:
+                        break
+                    n = _BIG_LEN.unpack_from(buf, start)[0]
+                    start += _BIG_LEN.size
+                if len(buf) < start + n:
                     break
-                n = _BIG_LEN.unpack_from(buf, _LEN.size)[0]
-                start += _BIG_LEN.size
-            if len(buf) < start + n:
-                break
-            message = bytes(buf[start : start + n])
-            del buf[: start + n]
+                messages.append(bytes(view[start : start + n]))  # one copy
+                pos = start + n
+        if pos:
+            del buf[:pos]
+        for message in messages:
             self._on_result(w, message)
 
     def _on_result(self, w: _Worker, message: bytes) -> None:

@@ -22,17 +22,18 @@ Why it is shaped this way:
   received (a coding the fetcher cannot decode, ``decoded=False``) keeps its
   ``Content-Encoding``. ``WARC-Payload-Digest`` is the SHA-1 of the stored (decoded) body, which
   is what every reader recomputes.
-* Records are serialised with **FastWARC** (chosen by measurement, see ``docs/warc.md``) and
-  each becomes one gzip member through zlib; files are verified with **both** FastWARC and
-  warcio (:func:`verify_directory`).
+* Records are written out **by hand** (:mod:`idemcrawl.warc_records`, which parser processes
+  import to build a page's exchange themselves, issue 17) and each becomes one gzip member
+  (ISA-L or zlib); files are verified with **both** FastWARC and warcio
+  (:func:`verify_directory`).
 
-Measured on this project's 2-core machine: ~0.5 ms CPU per exchange (request + response +
-metadata) of a 15 KB body, over half of it zlib (``docs/warc.md``, :func:`write_cost`).
+Measured on this project's 2-core machine (loaded by other work): 0.13-0.25 ms CPU per exchange
+(request + response + metadata) of a 15 KB body, about 40 % of it the response's compression
+(``docs/warc.md``, :func:`write_cost`).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import io
@@ -47,22 +48,50 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, BinaryIO, Final
-from urllib.parse import urlsplit
 
 import warcio.archiveiterator
-from fastwarc.warc import ArchiveIterator, WarcRecord, WarcRecordType
-from isal import isal_zlib
+from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from .version import DEFAULT_USER_AGENT
+from .warc_records import (
+    COMPRESSION_LEVEL,
+    ISAL_MAX_LEVEL,
+    METADATA_CONTENT_TYPE,
+    METADATA_FIELD,
+    RENDERED_PREFIX,
+    BuiltExchange,
+    WarcError,
+    build_exchange,
+    check_uri,
+    digest_of_sha1,
+    field,
+    gzip_member,
+    http_head,
+    metadata_fields,
+    payload_digest,
+    record,
+    rendered_record,
+    request_head,
+    status_line,
+    stored_headers,
+    warc_date,
+    warc_truncated,
+)
 
 __all__ = [
+    "COMPRESSION_LEVEL",
+    "ISAL_MAX_LEVEL",
+    "METADATA_CONTENT_TYPE",
+    "METADATA_FIELD",
+    "RENDERED_PREFIX",
     "REVISIT_PROFILES",
+    "BuiltExchange",
     "WarcError",
     "WarcPointer",
     "WarcStore",
+    "build_exchange",
     "digest_of_sha1",
     "metadata_fields",
     "parse_metadata",
@@ -75,23 +104,8 @@ __all__ = [
     "write_cost",
 ]
 
-COMPRESSION_LEVEL: Final = 1
-"""Level of every gzip member (``crawl --warc-level``): 0-3 compress with ISA-L (its levels),
-4-9 with zlib (its levels). Level 1 by default, because a crawl's archive is CPU-bound long
-before it is disk-bound. Per 15 KB benchmark page (CPU µs / bytes): ISA-L 1 26 / 4,373, zlib 1
-65 / 4,409, zlib 6 249 / 3,956, zlib 9 gains nothing over 6 (docs/warc.md, "Compression
-level"). Pass 6 or 9 where disk is what is short. Every member is a standard gzip member
-whichever compressor wrote it."""
-
-#: The highest level ISA-L has; above it the members are compressed by zlib.
-ISAL_MAX_LEVEL: Final = 3
-
-
-def _gzip_member(data: bytes | memoryview, level: int) -> bytes:
-    """One gzip member of ``data``; both compressors release the GIL while they work."""
-    if level <= ISAL_MAX_LEVEL:
-        return isal_zlib.compress(data, level, zlib.MAX_WBITS | 16)
-    return zlib.compress(data, level, zlib.MAX_WBITS | 16)
+#: Kept under its old name for callers of the store module (tests, tools).
+_gzip_member = gzip_member
 
 REVISIT_PROFILES: Final = {
     "server-not-modified": "http://netpreserve.org/warc/1.1/revisit/server-not-modified",
@@ -99,7 +113,6 @@ REVISIT_PROFILES: Final = {
 }
 
 _GZIP_MAGIC: Final = b"\x1f\x8b\x08"
-_REWRITTEN: Final = frozenset({"content-encoding", "transfer-encoding", "content-length"})
 _HEAD_LIMIT: Final = 1 << 20  # WARC header block we accept when checking a record's framing
 _CHUNK: Final = 1 << 16
 _SCAN_WINDOW: Final = 1 << 20
@@ -109,14 +122,6 @@ _SUFFIX_RE: Final = re.compile(r"(\.[A-Za-z0-9_-]{1,16}){0,2}")
 _CONFORMS_TO: Final = (
     "http://iipc.github.io/warc-specifications/specifications/warc-format/warc-1.1/"
 )
-
-
-#: URI prefix of a page's rendered DOM (a ``conversion`` record next to its response).
-RENDERED_PREFIX = "urn:rendered-dom:"
-
-
-class WarcError(Exception):
-    """A WARC file or pointer is unusable, or a write could not be completed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,61 +134,7 @@ class WarcPointer:
     payload_digest: str  # "sha1:<BASE32>" as in WARC-Payload-Digest
 
 
-def payload_digest(body: bytes) -> str:
-    """``sha1:<BASE32>``, the form WARC-Payload-Digest uses and every reader recomputes."""
-    return digest_of_sha1(hashlib.sha1(body).digest())
-
-
-def digest_of_sha1(raw: bytes) -> str:
-    """:func:`payload_digest` from the body's SHA-1 (20 bytes), for a caller that has it."""
-    if len(raw) != 20:
-        raise ValueError(f"a SHA-1 digest is 20 bytes, not {len(raw)}")
-    return "sha1:" + base64.b32encode(raw).decode("ascii")
-
-
-def warc_truncated(cut_reason: str | None) -> str | None:
-    """WARC-Truncated value for the fetcher's ``cut_reason`` (None for a whole body)."""
-    if not cut_reason:
-        return None
-    if cut_reason in ("max_bytes", "max_decompressed_bytes", "length"):
-        return "length"
-    if cut_reason in ("total_timeout", "read_timeout", "time"):
-        return "time"
-    if cut_reason == "disconnect":
-        return "disconnect"
-    return "unspecified"
-
-
 # --- record building --------------------------------------------------------------------------
-
-
-#: The metadata record's content type: WARC named fields, as Heritrix writes them. Replay tools
-#: (pywb, OpenWayback) leave ``application/warc-fields`` records out of their CDX index; a
-#: metadata record with any other type has the response's URI and date, sorts before it and is
-#: what replay would serve for the page.
-METADATA_CONTENT_TYPE: Final = "application/warc-fields"
-#: The named field that carries idemcrawl's own facts (JSON on one line).
-METADATA_FIELD: Final = "idemcrawl-metadata"
-
-
-def metadata_fields(url: str, metadata: dict[str, Any]) -> bytes:
-    """The body of a metadata record: ``outlink: URL`` per discovered link (the field other
-    tools read), then every other fact as JSON in one ``idemcrawl-metadata`` field."""
-    links = metadata.get("links") or []
-    rest = {k: v for k, v in metadata.items() if k != "links"}
-    try:
-        text = json.dumps(
-            rest, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False
-        )
-        outlinks = list(map(str, links))
-        if "" in outlinks or _BAD_URI.search("".join(outlinks)):  # one scan; culprit after
-            for link in outlinks:
-                _check_uri(link)
-        lines = [f"outlink: {link}" for link in outlinks]
-    except (TypeError, ValueError, WarcError) as exc:
-        raise WarcError(f"metadata for {url} is not serialisable: {exc}") from exc
-    lines.append(f"{METADATA_FIELD}: {text}")
-    return ("\r\n".join(lines) + "\r\n").encode("utf-8")
 
 
 def parse_metadata(body: bytes) -> dict[str, Any]:
@@ -200,133 +151,6 @@ def parse_metadata(body: bytes) -> dict[str, Any]:
             out.update(json.loads(value))
     out["links"] = links
     return out
-
-
-def _warc_date(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _field(text: str) -> str:
-    # A CR or LF inside a header would forge header lines; nothing legitimate contains one.
-    if "\r" in text or "\n" in text:
-        return text.replace("\r", " ").replace("\n", " ")
-    return text
-
-
-def _latin1(text: str) -> bytes:
-    # The fetcher hands headers over latin-1 decoded (as HTTP defines them): this restores the
-    # received bytes exactly. Anything beyond latin-1 was not received; store it as UTF-8.
-    try:
-        return text.encode("latin-1")
-    except UnicodeEncodeError:
-        return text.encode("utf-8")
-
-
-def _http_head(start_line: str, headers: list[tuple[str, str]]) -> bytes:
-    parts = [_latin1(_field(start_line)), b"\r\n"]
-    for name, value in headers:
-        parts += [_latin1(_field(name)), b": ", _latin1(_field(value)), b"\r\n"]
-    parts.append(b"\r\n")
-    return b"".join(parts)
-
-
-def _status_line(http_version: str, status: int, reason: str) -> str:
-    version = http_version if http_version.upper().startswith("HTTP/") else f"HTTP/{http_version}"
-    if not 100 <= status <= 999:
-        raise WarcError(f"HTTP status {status!r} is not a three-digit code")
-    return f"{version} {status} {reason}"
-
-
-def _request_head(
-    url: str, http_version: str, headers: list[tuple[str, str]], method: str = "GET"
-) -> bytes:
-    parts = urlsplit(url)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    version = http_version if http_version.upper().startswith("HTTP/") else f"HTTP/{http_version}"
-    if not any(name.lower() == "host" for name, _ in headers):
-        headers = [("Host", parts.netloc), *headers]
-    return _http_head(f"{method} {target} {version}", headers)
-
-
-def _stored_headers(
-    headers: list[tuple[str, str]], body_length: int | None, *, keep_encoding: bool
-) -> tuple[list[tuple[str, str]], list[list[str]]]:
-    """Headers as stored next to a decoded body, and the originals that were renamed."""
-    stored: list[tuple[str, str]] = []
-    original: list[list[str]] = []
-    for name, value in headers:
-        low = name.lower()
-        if low in _REWRITTEN and not (keep_encoding and low == "content-encoding"):
-            original.append([name, value])
-            stored.append((f"X-Original-{name}", value))
-        else:
-            stored.append((name, value))
-    if body_length is not None:
-        stored.append(("Content-Length", str(body_length)))
-    return stored, original
-
-
-#: What a WARC-Target-URI or an outlink field cannot hold: it would break the header line.
-_BAD_URI: Final = re.compile("[\r\n\x00 ]")
-
-
-def _check_uri(url: str) -> str:
-    if not url or _BAD_URI.search(url):
-        raise WarcError(f"cannot store {url!r}: a WARC-Target-URI has no spaces or line breaks")
-    return url
-
-
-class _Exchange:
-    """The gzip members of one exchange, compressed in memory before the file is touched.
-
-    FastWARC serialises each record (headers, Content-Length, block and payload digests);
-    each record then becomes one gzip member via zlib: FastWARC's GzipWriter measured 2-12x
-    slower per member and unstable between processes (its per-member set-up dominates small
-    records; docs/warc.md), and zlib releases the GIL while compressing."""
-
-    __slots__ = ("level", "members")
-
-    def __init__(self, level: int = COMPRESSION_LEVEL) -> None:
-        self.level = level
-        self.members: list[bytes] = []
-
-    def add(
-        self,
-        rtype: WarcRecordType,
-        headers: list[tuple[str, str]],
-        content: bytes,
-        *,
-        sha1: bytes | None = None,
-    ) -> str:
-        record = WarcRecord()
-        record.init_headers(rtype)
-        for name, value in headers:
-            record.headers[name] = value
-        record.set_bytes_content(content)
-        raw = io.BytesIO()
-        record.write(raw, checksum_data=True, payload_digest=sha1)
-        # One-shot: a compressobj per member measured ~30 µs more for a 15 KB record.
-        self.members.append(_gzip_member(raw.getbuffer(), self.level))
-        record_id = record.record_id
-        assert record_id is not None
-        return record_id
-
-    def blob(self) -> bytes:
-        return b"".join(self.members)
-
-
-def _add_rendered(ex: _Exchange, url: str, date: str, refers_to: str, html: str) -> None:
-    """The DOM a browser built from a response, as a ``conversion`` record referring to it."""
-    ex.add(
-        WarcRecordType.conversion,
-        [
-            ("WARC-Date", date),
-            ("WARC-Target-URI", RENDERED_PREFIX + url),
-            ("Content-Type", "text/html; charset=utf-8"),
-            ("WARC-Refers-To", refers_to),
-        ],
-        html.encode("utf-8", "replace"),
-    )
 
 
 # --- the store --------------------------------------------------------------------------------
@@ -427,18 +251,14 @@ class WarcStore:
             "conformsTo": _CONFORMS_TO,
             "isPartOf": self.prefix,
         }
-        content = "".join(f"{k}: {_field(v)}\r\n" for k, v in fields.items()).encode("utf-8")
-        ex = _Exchange(self.compression_level)
-        ex.add(
-            WarcRecordType.warcinfo,
-            [
-                ("WARC-Date", _warc_date(time.time())),
-                ("WARC-Filename", filename),
-                ("Content-Type", "application/warc-fields"),
-            ],
+        content = "".join(f"{k}: {field(v)}\r\n" for k, v in fields.items()).encode("utf-8")
+        info, _ = record(
+            "warcinfo",
+            warc_date(time.time()),
+            [("WARC-Filename", filename), ("Content-Type", "application/warc-fields")],
             content,
         )
-        return ex.blob()
+        return gzip_member(info, self.compression_level)
 
     def _append_locked(self, blob: bytes) -> tuple[str, int]:
         """Append one exchange's members; returns (file, offset). Caller holds the lock."""
@@ -501,63 +321,41 @@ class WarcStore:
         ``body_sha1`` is ``hashlib.sha1(body).digest()`` when the caller has computed it already
         (the archiver does, to find identical bodies), so that it is computed once.
         """
-        _check_uri(url)
-        if "original_headers" in metadata:
-            raise WarcError("metadata key 'original_headers' is reserved for the WARC store")
-        date = _warc_date(fetched_at)
-        stored, original = _stored_headers(response_headers, len(body), keep_encoding=not decoded)
-        meta_fields = metadata_fields(url, {**metadata, "original_headers": original})
-        digest_bytes = hashlib.sha1(body).digest() if body_sha1 is None else body_sha1
-        digest = digest_of_sha1(digest_bytes)
-        response_head = _http_head(_status_line(http_version, status, reason), stored)
-        request_head = _request_head(url, http_version, request_headers, method) + request_body
+        built = build_exchange(
+            url=url,
+            fetched_at=fetched_at,
+            request_headers=request_headers,
+            status=status,
+            reason=reason,
+            http_version=http_version,
+            response_headers=response_headers,
+            body=body,
+            ip=ip,
+            metadata=metadata,
+            decoded=decoded,
+            truncated=truncated,
+            rendered=rendered,
+            method=method,
+            request_body=request_body,
+            body_sha1=body_sha1,
+            level=self.compression_level,
+        )
+        return self.append_exchange(built)
 
-        common = [("WARC-Date", date), ("WARC-Target-URI", url)]
-        if ip:
-            common.append(("WARC-IP-Address", ip))
-        # The request comes first in the file but names the response (WARC-Concurrent-To), so
-        # the response member is built first and the bytes are reordered afterwards.
-        ex = _Exchange(self.compression_level)
-        response_headers_warc = [
-            *common,
-            ("Content-Type", "application/http; msgtype=response"),
-        ]
-        cut = warc_truncated(truncated)
-        if cut:
-            response_headers_warc.append(("WARC-Truncated", cut))
-        response_id = ex.add(
-            WarcRecordType.response,
-            response_headers_warc,
-            response_head + body,
-            sha1=digest_bytes,
-        )
-        ex.add(
-            WarcRecordType.request,
-            [
-                *common,
-                ("Content-Type", "application/http; msgtype=request"),
-                ("WARC-Concurrent-To", response_id),
-            ],
-            request_head,
-        )
-        ex.add(
-            WarcRecordType.metadata,
-            [
-                ("WARC-Date", date),
-                ("WARC-Target-URI", url),
-                ("Content-Type", METADATA_CONTENT_TYPE),
-                ("WARC-Concurrent-To", response_id),
-            ],
-            meta_fields,
-        )
-        if rendered is not None:
-            _add_rendered(ex, url, date, response_id, rendered)
-        response, request, meta, *rest = ex.members
-        # File order: request, response, metadata (the order a reader expects an exchange in),
-        # then the rendered DOM if any.
+    def append_exchange(self, built: BuiltExchange) -> WarcPointer:
+        """Append an exchange built elsewhere (:func:`build_exchange`, in a parser process for
+        a crawl's pages) with one ``write``; return the pointer to its response record.
+
+        Only the append runs here, under the lock: no record building and no compression, so
+        the caller (the crawl process's event loop) spends a few microseconds on it. The
+        members were compressed at the level the builder was given (the crawl passes this
+        store's ``compression_level``).
+        """
         with self._lock:
-            name, offset = self._append_locked(request + response + meta + b"".join(rest))
-        return WarcPointer(name, offset + len(request), len(response), digest)
+            name, offset = self._append_locked(built.blob)
+        return WarcPointer(
+            name, offset + built.response_at, built.response_length, built.payload_digest
+        )
 
     def write_revisit(
         self,
@@ -588,60 +386,61 @@ class WarcStore:
         record's id) is read from ``refers_to`` when its file is still in the store directory;
         a file that was moved away (archived) only drops that optional field.
         """
-        _check_uri(url)
+        check_uri(url)
         if profile not in REVISIT_PROFILES:
             raise WarcError(f"unknown revisit profile {profile!r}: use {sorted(REVISIT_PROFILES)}")
         digest = payload_digest or (refers_to.payload_digest if refers_to else None)
         if profile == "identical-payload-digest" and not digest:
             raise WarcError("an identical-payload-digest revisit needs the payload digest")
         refers_id: str | None = None
-        refers_date = _warc_date(refers_to_date) if refers_to_date is not None else None
+        refers_date = warc_date(refers_to_date) if refers_to_date is not None else None
         if refers_to is not None and (head := _referenced_head(self.directory, refers_to)):
             refers_id = head.get("warc-record-id")
             refers_to_uri = refers_to_uri or head.get("warc-target-uri")
             refers_date = refers_date or head.get("warc-date")
         if refers_to_uri is not None:
-            _check_uri(refers_to_uri)
+            check_uri(refers_to_uri)
 
-        date = _warc_date(fetched_at)
-        stored, _original = _stored_headers(response_headers, None, keep_encoding=False)
-        common = [("WARC-Date", date), ("WARC-Target-URI", url)]
+        date = warc_date(fetched_at)
+        stored, _original = stored_headers(response_headers, None, keep_encoding=False)
+        target = [("WARC-Target-URI", url)]
         if ip:
-            common.append(("WARC-IP-Address", ip))
-        headers = [
-            *common,
+            target.append(("WARC-IP-Address", field(ip)))
+        fields = [
+            *target,
             ("Content-Type", "application/http; msgtype=response"),
             ("WARC-Profile", REVISIT_PROFILES[profile]),
         ]
         if refers_id:
-            headers.append(("WARC-Refers-To", refers_id))
+            fields.append(("WARC-Refers-To", field(refers_id)))
         if refers_to_uri:
-            headers.append(("WARC-Refers-To-Target-URI", refers_to_uri))
+            fields.append(("WARC-Refers-To-Target-URI", refers_to_uri))
         if refers_date:
-            headers.append(("WARC-Refers-To-Date", refers_date))
-        if digest:
-            headers.append(("WARC-Payload-Digest", digest))
-        ex = _Exchange(self.compression_level)
-        revisit_id = ex.add(
-            WarcRecordType.revisit,
-            headers,
-            _http_head(_status_line(http_version, status, reason), stored),
+            fields.append(("WARC-Refers-To-Date", field(refers_date)))
+        revisit, revisit_id = record(
+            "revisit",
+            date,
+            fields,
+            http_head(status_line(http_version, status, reason), stored),
+            payload=digest,
         )
-        ex.add(
-            WarcRecordType.request,
+        request, _ = record(
+            "request",
+            date,
             [
-                *common,
+                *target,
                 ("Content-Type", "application/http; msgtype=request"),
                 ("WARC-Concurrent-To", revisit_id),
             ],
-            _request_head(url, http_version, request_headers, method) + request_body,
+            request_head(url, http_version, request_headers, method) + request_body,
         )
+        level = self.compression_level
+        members = [gzip_member(request, level), gzip_member(revisit, level)]
         if rendered is not None:
-            _add_rendered(ex, url, date, revisit_id, rendered)
-        revisit, request, *rest = ex.members
+            members.append(gzip_member(rendered_record(url, date, revisit_id, rendered), level))
         with self._lock:
-            name, offset = self._append_locked(request + revisit + b"".join(rest))
-        return WarcPointer(name, offset + len(request), len(revisit), digest or "")
+            name, offset = self._append_locked(b"".join(members))
+        return WarcPointer(name, offset + len(members[0]), len(members[1]), digest or "")
 
     def flush(self) -> None:
         """Nothing to do, by construction: write_* hand every byte to the OS (one unbuffered

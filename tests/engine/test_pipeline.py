@@ -36,7 +36,8 @@ from idemcrawl.frontier.base import (
     NewURL,
 )
 from idemcrawl.frontier.sqlite import SQLiteFrontier
-from idemcrawl.warc import WarcStore
+from idemcrawl.parse import ParseJob, ParseResult
+from idemcrawl.warc import WarcPointer, WarcStore, parse_metadata, read_response
 
 from .conftest import HOST, add_pages, lease_all
 from .fakes import FakeClock, FakeFetcher, response, settle
@@ -480,12 +481,13 @@ def test_identical_bodies_in_flight_together_are_archived_once(
         disk.clear()
         tasks = [asyncio.create_task(r.pipeline.process(ls)) for ls in (a, b)]
         await settle()
-        assert writes == ["write_exchange"]  # the second waits for the first's write
+        # The parser built the exchange; the second waits for the first's append.
+        assert writes == ["append_exchange"]
         disk.set()
         return await asyncio.gather(*tasks)
 
     first, second = asyncio.run(main())
-    assert writes == ["write_exchange", "write_revisit"]
+    assert writes == ["append_exchange", "write_revisit"]
     assert isinstance(first, Completion) and first.stored_body
     assert isinstance(second, Completion) and not second.stored_body
     assert second.warc_offset == first.warc_offset
@@ -503,3 +505,64 @@ def test_an_archive_failure_stops_the_crawl_once_and_commits_nothing(
     assert r.run(a) is None and r.run(b) is None
     assert len(r.fatal) == 1 and r.fatal[0].startswith("WARC store failed: ")
     assert r.summary.fetched == 2
+
+
+def _metadata_records(store: WarcStore) -> list[dict[str, Any]]:
+    out = []
+    for name in sorted(os.listdir(store.directory)):
+        if name.endswith(".warc.gz"):
+            with open(os.path.join(store.directory, name), "rb") as fh:
+                for rec in ArchiveIterator(fh):
+                    if rec.rec_type == "metadata":
+                        out.append(parse_metadata(rec.content_stream().read()))
+    return out
+
+
+def test_the_parser_built_exchange_says_what_the_crawl_process_would(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """A page's exchange is built by the parser (``ParseResult.warc``); when the parser gives
+    none (a timeout, a dead parser process), the crawl process builds it: the same records and
+    the same metadata either way, and the pointer reads the body back."""
+    add_pages(frontier, clock, 2)
+    a, b = lease_all(frontier, clock, 2)
+    routes = {u.url: response(u.url, 200, html("/x", "/y", text=u.url)) for u in (a, b)}
+    r = rig(tmp_path, frontier, clock, routes, warc=True)
+    parse = r.pipeline._parse
+    built: list[bool] = []
+
+    async def without_warc(job: ParseJob) -> ParseResult:
+        result = await parse(job)
+        built.append(result.warc is not None)
+        if job.url == b.fetch_url:
+            result.warc = None  # as after a parse timeout
+        return result
+
+    r.pipeline._parse = without_warc
+    first, second = r.run(a), r.run(b)
+    assert built == [True, True]
+    assert isinstance(first, Completion) and isinstance(second, Completion)
+    assert [t for t, _ in r.records()][1:] == ["request", "response", "metadata"] * 2
+    meta_a, meta_b = _metadata_records(r.store)  # type: ignore[arg-type]
+    assert meta_a.keys() == meta_b.keys()
+    assert [len(m["links"]) for m in (meta_a, meta_b)] == [2, 2]
+    assert meta_a["url_version"] == a.version and meta_a["records"] == meta_b["records"]
+    for out, lease in ((first, a), (second, b)):
+        ptr = WarcPointer(out.warc_file, out.warc_offset, out.warc_length, out.payload_digest)
+        assert read_response(r.store.directory, ptr)[2] == routes[lease.url].body  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("hops", "listed"), [(2, [f"{HOST}/new?x=1"]), (5, [])])
+def test_the_metadata_record_lists_the_links_the_redirect_rule_keeps(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock, hops: int, listed: list[str]
+) -> None:
+    """The parser process builds the metadata record before the pipeline applies the redirect
+    rule (R14): a redirect past ``max_redirects`` (5) lists no links there either."""
+    add_pages(frontier, clock, 1)
+    (a,) = lease_all(frontier, clock, 1)
+    routes = {a.url: response(a.url, 301, "", {"Location": "/new?x=1"})}
+    r = rig(tmp_path, frontier, clock, routes, warc=True)
+    out = r.run(dataclasses.replace(a, hops=hops))
+    assert isinstance(out, Completion) and [u.url for u in out.links] == listed
+    (meta,) = _metadata_records(r.store)  # type: ignore[arg-type]
+    assert meta["links"] == listed

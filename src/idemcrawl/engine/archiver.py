@@ -1,7 +1,13 @@
 """WARC archiving with body dedup (R11, R20): each exchange written before its page commits.
 
-* Writes run on the store's own thread (compression and disk I/O off the event loop); the store
-  has one writer per file prefix, this process's owner slot.
+* A parsed page's exchange is built and compressed by the parser process (``ParseJob.warc``
+  from :meth:`Archiver.exchange_spec`, ``ParseResult.warc`` back): the crawl process only
+  decides full copy or revisit and appends the bytes (``append``, one ``write(2)``), so its
+  event loop, which shares one GIL with the SQL thread, no longer builds records (issue 17).
+* Everything else (robots.txt hops, downloads, requisites, 304s, revisits, rendered pages, and
+  a page whose parser gave no exchange: a timeout, a dead parser) is built and written on the
+  store's own thread (``write``); the store has one writer per file prefix, this process's
+  owner slot.
 * A body byte-identical to one already archived becomes a ``revisit`` record pointing at the
   first copy: stored once, referenced after. "Already archived" covers three cases: bodies the
   frontier knows (a Bloom filter answers "surely not" without a query), bodies this process
@@ -36,6 +42,7 @@ from ..warc import (
     payload_digest,
     store_download,
 )
+from ..warc_records import BuiltExchange, ExchangeSpec
 from .calls import Call
 from .clock import Clock
 
@@ -51,6 +58,12 @@ def _request_of(lease: Lease) -> dict[str, Any]:
     if spec is None:
         return {}
     return {"method": spec.method, "request_body": spec.body or b""}
+
+
+def _decoded(res: FetchResult) -> bool:
+    """False when the fetcher kept a body as received (an encoding it could not decode): its
+    Content-Encoding is then still true and stays in the stored headers."""
+    return not any("not decoded" in n for n in res.notes)
 
 
 class ArchiveFailed(Exception):
@@ -72,7 +85,9 @@ class Archiver:
     """``store`` None: WARC output is off (downloads are still kept under ``directory``).
 
     ``bodies`` holds the payload digests the frontier knows (required with a store);
-    ``on_fatal`` receives the reason the crawl must stop, once.
+    ``on_fatal`` receives the reason the crawl must stop, once. ``write`` runs what builds
+    records (the store's thread); ``append`` what only appends an exchange a parser built
+    (default: ``write``; the engine appends inline, a few microseconds of ``write(2)``).
     """
 
     def __init__(
@@ -86,12 +101,14 @@ class Archiver:
         clock: Clock,
         bodies: BloomNegativeCache | None,
         on_fatal: Callable[[str], None],
+        append: Call | None = None,
     ) -> None:
         if store is not None and bodies is None:
             raise ValueError("an archive needs the Bloom filter of archived bodies")
         self.store = store
         self._directory = directory
         self._write = write
+        self._append = append or write
         self._call = call
         self._frontier = frontier
         self._clock = clock
@@ -101,15 +118,60 @@ class Archiver:
         self._recent: OrderedDict[str, tuple[str, int, int, str]] = OrderedDict()
         self._writing: dict[str, asyncio.Future[None]] = {}
 
-    async def _store(self, fn: Callable[[], T]) -> T:
-        """Run a write on the store's thread; a refused write stops the crawl (once)."""
+    async def _store(self, fn: Callable[[], T], call: Call | None = None) -> T:
+        """Run a write on the store's thread (or ``call``); a refused write stops the crawl
+        (once)."""
         try:
-            return await self._write(fn)
+            return await (call or self._write)(fn)
         except (WarcError, OSError) as exc:
             if not self._failed:
                 self._failed = True
                 self._on_fatal(f"WARC store failed: {exc}")
             raise ArchiveFailed(str(exc)) from exc
+
+    def exchange_spec(
+        self, lease: Lease, res: FetchResult, *, links_cut: bool
+    ) -> ExchangeSpec | None:
+        """What a parser process needs to build this page's exchange (None: no archive).
+
+        ``links_cut``: the pipeline will drop the page's links (a redirect past the hop
+        limit), so its metadata record lists none, as :meth:`archive` would write it."""
+        store = self.store
+        if store is None:
+            return None
+        fields = self._exchange_fields(res)
+        request = _request_of(lease)
+        return ExchangeSpec(
+            fields["fetched_at"],
+            fields["request_headers"],
+            fields["reason"],
+            fields["http_version"],
+            fields["response_headers"],
+            fields["ip"],
+            self._metadata(lease, res),
+            _decoded(res),
+            res.cut_reason,
+            request.get("method", "GET"),
+            request.get("request_body", b""),
+            store.compression_level,
+            links_cut,
+        )
+
+    def _metadata(self, lease: Lease, res: FetchResult) -> dict[str, Any]:
+        """The metadata record's facts that the crawl process knows (the parse adds its own:
+        ``parse_error``, ``links``, ``records``)."""
+        metadata: dict[str, Any] = {
+            "url_version": lease.version,
+            "status": res.status,
+            "elapsed_s": round(res.elapsed, 6),
+            "wire_bytes": res.wire_bytes,
+            "cut_reason": res.cut_reason,
+        }
+        if lease.request is not None:  # how it was asked for, as the frontier keeps it
+            metadata["request_key"] = lease.url
+            metadata["callback"] = lease.request.callback
+            metadata["data"] = lease.request.data
+        return metadata
 
     async def archive(
         self,
@@ -123,18 +185,26 @@ class Archiver:
 
         Written once the page is parsed so the metadata record can list the discovered links; a
         page whose parse failed or timed out is archived all the same (reparse reads it back).
-        A page rendered in a browser also gets its DOM beside the response and every exchange
-        its scripts made (:meth:`_rendered_exchanges`), so a replay has what the page loaded.
+        The parser process built the exchange when the job carried :meth:`exchange_spec`
+        (``result.warc``): only the append is left. A page rendered in a browser also gets its
+        DOM beside the response and every exchange its scripts made
+        (:meth:`_rendered_exchanges`), so a replay has what the page loaded.
         """
         store = self.store
         if store is None:
             return Archived()
         dom = None
+        built: BuiltExchange | None = result.warc
         if rendered is not None:
+            built = None  # the parser saw the DOM, not the response: build it here
             dom = rendered.html
             await self._rendered_exchanges(store, lease, rendered)
-        body_sha1 = hashlib.sha1(res.body).digest()  # once: the store reuses it for the record
-        body_digest = digest_of_sha1(body_sha1)
+        body_sha1 = None
+        if built is not None:
+            body_digest = built.payload_digest
+        else:
+            body_sha1 = hashlib.sha1(res.body).digest()  # once: the store reuses it
+            body_digest = digest_of_sha1(body_sha1)
         pending = self._writing.get(body_digest)
         if pending is not None:  # the same body is being archived by another worker right now
             await asyncio.shield(pending)
@@ -142,7 +212,8 @@ class Archiver:
         assert self._bodies is not None
         if first is None and self._bodies.might_contain(body_digest):
             found = await self._call(self._frontier.find_bodies, [body_digest])
-            first = found.get(body_digest)
+            # Archived by this process while the frontier was asked, or known to the frontier.
+            first = self._recent.get(body_digest) or found.get(body_digest)
         if first is not None:
             ref = WarcPointer(first[0], first[1], first[2], body_digest)
             await self._write_revisit(
@@ -151,39 +222,44 @@ class Archiver:
             )  # fmt: skip
             # The URL points at the full copy, so reparse and readers get the body.
             return Archived(ref.file, ref.offset, ref.length, body_digest, stored=False)
-        metadata = {
-            "url_version": lease.version,
-            "status": res.status,
-            "elapsed_s": round(res.elapsed, 6),
-            "wire_bytes": res.wire_bytes,
-            "cut_reason": res.cut_reason,
-            "parse_error": result.error,
-            "links": [u.url for u in links],
-            "records": len(result.records),
-        }
-        if rendered is not None:
-            metadata["rendered"] = {
-                "cut_reason": rendered.cut_reason,
-                "elapsed_s": round(rendered.elapsed, 6),
-                "requests": [[x.method, x.url, x.error] for x in rendered.exchanges],
-            }
-        if lease.request is not None:  # how it was asked for, as the frontier keeps it
-            metadata["request_key"] = lease.url
-            metadata["callback"] = lease.request.callback
-            metadata["data"] = lease.request.data
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writing[body_digest] = done
         try:
-            ptr = await self._write_exchange(
-                store, lease.fetch_url, res, metadata, rendered=dom, body_sha1=body_sha1,
-                **_request_of(lease),
-            )  # fmt: skip
+            if built is not None:
+                ptr = await self._store(partial(store.append_exchange, built), self._append)
+            else:
+                ptr = await self._write_exchange(
+                    store, lease.fetch_url, res, self._page_metadata(lease, res, result, links,
+                    rendered), rendered=dom, body_sha1=body_sha1, **_request_of(lease),
+                )  # fmt: skip
         finally:
             del self._writing[body_digest]
             done.set_result(None)
         self._bodies.add(body_digest)
         self._remember(body_digest, ptr, lease.url)
         return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
+
+    def _page_metadata(
+        self,
+        lease: Lease,
+        res: FetchResult,
+        result: ParseResult,
+        links: list[NewURL],
+        rendered: RenderResult | None,
+    ) -> dict[str, Any]:
+        """The metadata record of a page built here (the parser process adds the same
+        parse facts in ``warc_records.build_page_exchange``)."""
+        metadata = self._metadata(lease, res)
+        metadata["parse_error"] = result.error
+        metadata["links"] = [u.url for u in links]
+        metadata["records"] = len(result.records)
+        if rendered is not None:
+            metadata["rendered"] = {
+                "cut_reason": rendered.cut_reason,
+                "elapsed_s": round(rendered.elapsed, 6),
+                "requests": [[x.method, x.url, x.error] for x in rendered.exchanges],
+            }
+        return metadata
 
     async def robots_hop(self, url: str, hop: int, res: FetchResult) -> Archived:
         """One answer on the way to a robots.txt (each redirect hop too): archived like any
@@ -233,8 +309,7 @@ class Archiver:
                 body=res.body,
                 metadata=metadata,
                 truncated=res.cut_reason,
-                # An encoding the fetcher could not decode is archived as received.
-                decoded=not any("not decoded" in n for n in res.notes),
+                decoded=_decoded(res),
                 **extra,
             )
         )

@@ -236,6 +236,7 @@ class Engine:
             clock=clock,
             bodies=start.bodies,
             on_fatal=self._fatal,
+            append=inline,
         )
         pipeline = Pipeline(
             cfg,

@@ -225,8 +225,22 @@ class Pipeline:
         headers = res.headers
         if rendered is not None:  # the DOM is UTF-8 text now, whatever the page declared
             headers = {**headers, "content-type": "text/html; charset=utf-8"}
+        location = res.headers.get("location") if 300 <= res.status < 400 else None
+        # The parser process builds the page's WARC exchange too (it holds the body and has CPU
+        # to spare); a rendered page's job carries the DOM, so its exchange is built here.
+        spec = None
+        if rendered is None:
+            links_cut = bool(location) and lease.hops + 1 > self.cfg.max_redirects
+            spec = self.archiver.exchange_spec(lease, res, links_cut=links_cut)
         job = ParseJob(
-            lease.fetch_url, res.status, headers, body, lease.depth, lease.kind, lease.request
+            lease.fetch_url,
+            res.status,
+            headers,
+            body,
+            lease.depth,
+            lease.kind,
+            lease.request,
+            spec,
         )
         result = await self._parse(job)
         links = result.links
@@ -235,8 +249,8 @@ class Pipeline:
         if res.cut_reason:
             counters[f"cut_{res.cut_reason.split(':')[0]}"] = 1
         redirect_to = None
-        if 300 <= res.status < 400 and res.headers.get("location"):
-            redirect_to, links, error = self._redirect(lease, res.headers["location"], links)
+        if location:
+            redirect_to, links, error = self._redirect(lease, location, links)
             if error:
                 counters["redirects_too_long"] = 1
         archived = await self.archiver.archive(lease, res, result, links, rendered)
