@@ -104,28 +104,37 @@ def test_migrations_are_versioned_and_idempotent(dsn: str, new_schema, admin) ->
     assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
 
 
+def _schema_at_version(admin: Any, schema: str, version: int, *, start: int = 1) -> None:
+    """Apply migrations ``start``..``version`` in ``schema`` (created, with its version table,
+    when ``start`` is 1), as an older idemcrawl left it; ``search_path`` stays on ``schema``."""
+    from psycopg import sql
+
+    from idemcrawl.frontier.postgres_schema import MIGRATIONS
+
+    if start == 1:
+        admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+    if start == 1:
+        admin.execute(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+    for v in range(start, version + 1):
+        for stmt in MIGRATIONS[v - 1]:
+            admin.execute(stmt)
+        admin.execute("INSERT INTO schema_version (version) VALUES (%s)", (v,))
+
+
 def test_a_version_5_schema_migrates_in_place(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
     """Version 6 in place on a version-5 schema: URL rows get their host's id instead of its
     key, the state index goes, per-state totals start from a count; rows, host counts and
     leases survive, and the new triggers keep counting."""
-    from psycopg import sql
-
-    from idemcrawl.frontier.postgres_schema import MIGRATIONS
     from idemcrawl.frontier.store import SCHEMA_VERSION
 
     from .v5_crawl import check_migrated, write_v5_rows
 
     schema = new_schema()
-    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-    admin.execute(
-        "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
-        "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-    )
-    for version, statements in enumerate(MIGRATIONS[:5], start=1):
-        for stmt in statements:
-            admin.execute(stmt)
-        admin.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+    _schema_at_version(admin, schema, 5)
     write_v5_rows(admin.execute, "%s")  # version 5's triggers count the hosts
     admin.execute("RESET search_path")
     f = _open(dsn, schema)
@@ -149,27 +158,14 @@ def test_a_version_6_schema_migrates_in_place(dsn: str, new_schema, admin) -> No
     """Version 7 on a real version-6 schema (a version-5 crawl that migration 6 carried over,
     then a URL added and a lease granted by version 6's triggers): the count triggers keep to
     index probes of hosts, rows, counts and leases survive, and the triggers keep counting."""
-    from psycopg import sql
-
-    from idemcrawl.frontier.postgres_schema import MIGRATIONS
-
     from .v5_crawl import T0 as V5_T0
     from .v5_crawl import URLS as V5_URLS
     from .v5_crawl import expected_states, write_v5_rows
 
     schema = new_schema()
-    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-    admin.execute(
-        "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
-        "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-    )
-    for version, statements in enumerate(MIGRATIONS[:6], start=1):
-        if version == 6:
-            write_v5_rows(admin.execute, "%s")  # version 5's triggers count the hosts
-        for stmt in statements:
-            admin.execute(stmt)
-        admin.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+    _schema_at_version(admin, schema, 5)
+    write_v5_rows(admin.execute, "%s")  # version 5's triggers count the hosts
+    _schema_at_version(admin, schema, 6, start=6)
     # Version 6 at work: a URL on a new host, then a lease of it, counted by its triggers.
     admin.execute("INSERT INTO hosts (host_key) VALUES ('http://e')")
     admin.execute(
