@@ -153,7 +153,7 @@ def test_common_links_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, native
         raise AssertionError("took the slow path")
 
     monkeypatch.setattr(url_mod, "normalise", no_parser)
-    for href in ["/p/1", "1", "./1", "../p/1", "http://shop.test/p/1#x", "/q?a=1&b=c"]:
+    for href in ["/p/1", "1", "./1", "../p/1", "http://shop.test/p/1#x", "/q?a=1&b=c", "tags/1"]:
         assert r.resolve(href).startswith("http://shop.test/")
     with pytest.raises(AssertionError):
         r.resolve("/p/%7e")

@@ -309,8 +309,8 @@ class Resolver:
 
     def _resolve_py(self, href: str) -> str:
         """The fast paths in Python: the reference for ``_links.c`` and its fallback."""
-        if href[:1] in _NOT_PLAIN_STARTS:
-            return self._not_plain(href)
+        if href[:1] in _NOT_PLAIN_STARTS and (href[:1] == "#" or _OTHER_SCHEME.match(href)):
+            return self._not_plain(href)  # not "men/shirts": that one is a plain relative link
         origin = self._origin
         if not origin or _HREF_SPECIAL.search(href):
             return normalise(href, self.base)
