@@ -569,7 +569,9 @@ while True:
     p = store.write_exchange(url=f"http://127.0.0.1:9/{i}", fetched_at=time.time(),
         request_headers=[], status=200, reason="OK", http_version="HTTP/1.1",
         response_headers=[], body=body, ip=None, metadata={"i": i})
-    print(p.file, p.offset, p.length, p.payload_digest, i, flush=True)
+    # one write(2) of < PIPE_BUF bytes: a kill never tears the line (print issues one write
+    # per piece when stdout is unbuffered, e.g. PYTHONUNBUFFERED=1 in CI's environment)
+    real_write(1, f"{p.file} {p.offset} {p.length} {p.payload_digest} {i}\\n".encode())
     i += 1
 """
 
