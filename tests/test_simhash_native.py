@@ -220,3 +220,51 @@ def test_the_index_finds_the_same_without_the_extension(monkeypatch: pytest.Monk
     monkeypatch.setattr(dedup, "_native", None)
     assert answers() == with_native
     assert all(any(d == 0 for _, d in found) for found in with_native)
+
+
+@given(
+    st.integers(0, 2**64 - 1),
+    st.lists(st.tuples(st.lists(st.integers(0, 63), max_size=5), st.integers(0, 12)), max_size=40),
+    st.integers(0, 3),
+    st.one_of(st.none(), st.integers(0, 12)),
+)
+@settings(max_examples=300, deadline=None)
+def test_nearest_is_the_first_of_near(
+    native: ModuleType,
+    fp: int,
+    entries: list[tuple[list[int], int]],
+    k: int,
+    exclude: int | None,
+) -> None:
+    """nearest() answers what the first eligible entry of near() is, natively and in Python,
+    whatever the ties (doc ids repeat, one doc can have several fingerprints)."""
+    index = dedup.SimHashIndex(3)
+    for flips, doc in entries:
+        other = fp
+        for bit in flips:
+            other ^= 1 << bit
+        index.add(other, doc)
+    expected = next(
+        ((doc, dist) for doc, dist in index.near(fp) if doc != exclude and dist <= k), None
+    )
+    assert dedup._native is native
+    assert index.nearest(fp, k, exclude=exclude) == expected
+    dedup._native = None
+    try:
+        assert index.nearest(fp, k, exclude=exclude) == expected
+    finally:
+        dedup._native = native
+
+
+def test_nearest_refuses_what_is_not_a_bucket(native: ModuleType) -> None:
+    with pytest.raises(TypeError):
+        native.nearest(1, array("q", [1]), [1], 3, None, None)
+    with pytest.raises(TypeError):
+        native.nearest(1, array("Q", [1]), (1,), 3, None, None)
+    with pytest.raises(ValueError):
+        native.nearest(1, array("Q", [1, 2]), [1], 3, None, None)
+    with pytest.raises(TypeError):
+        native.nearest(1, array("Q", [1]), [1], 3, None, (0,))
+    assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, None, None) == (0, 7)
+    assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, 7, None) == (1, 5)
+    assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, 7, (1, 2)) == (1, 2)

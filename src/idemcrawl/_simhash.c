@@ -578,11 +578,107 @@ static PyObject *within(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return out;
 }
 
+PyDoc_STRVAR(nearest_doc,
+"nearest(fp: int, fps: array('Q'), ids: list[int], k: int, exclude: int | None, best, /)\n"
+"    -> tuple[int, int] | None\n\n"
+"The nearest entry of one bucket as (distance, doc id): the smallest popcount(fps[i] ^ fp) <= k,\n"
+"ties to the smallest doc id, skipping entries whose doc id equals exclude; best is the\n"
+"(distance, doc id) found in the earlier buckets or None, returned when nothing here beats it.\n"
+"dedup.SimHashIndex.nearest calls it once per block: no list of matches is built.");
+
+static PyObject *nearest(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "nearest() takes 6 arguments, not %zd", nargs);
+        return NULL;
+    }
+    uint64_t fp = PyLong_AsUnsignedLongLong(args[0]);
+    if (fp == (uint64_t)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *ids = args[2];
+    if (!PyList_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "nearest() needs a list of doc ids");
+        return NULL;
+    }
+    long k = PyLong_AsLong(args[3]);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *exclude = args[4];
+    PyObject *best = args[5];
+    long best_bits = k + 1;
+    PyObject *best_id = NULL; /* borrowed */
+    if (best != Py_None) {
+        if (!PyTuple_Check(best) || PyTuple_GET_SIZE(best) != 2) {
+            PyErr_SetString(PyExc_TypeError, "nearest() needs best as (distance, doc id) or None");
+            return NULL;
+        }
+        best_bits = PyLong_AsLong(PyTuple_GET_ITEM(best, 0));
+        if (best_bits == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        best_id = PyTuple_GET_ITEM(best, 1);
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (view.itemsize != 8 || view.format == NULL || strcmp(view.format, "Q") != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "nearest() needs an array('Q') of fingerprints");
+        return NULL;
+    }
+    const uint64_t *items = (const uint64_t *)view.buf;
+    Py_ssize_t n = view.len / 8;
+    if (PyList_GET_SIZE(ids) < n) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "nearest() needs a doc id for every fingerprint");
+        return NULL;
+    }
+    int found = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long bits = __builtin_popcountll(items[i] ^ fp);
+        if (bits > k || bits > best_bits) {
+            continue;
+        }
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        if (exclude != Py_None) {
+            int same = PyObject_RichCompareBool(id, exclude, Py_EQ);
+            if (same < 0) {
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            if (same) {
+                continue;
+            }
+        }
+        if (bits == best_bits && best_id != NULL) {
+            int less = PyObject_RichCompareBool(id, best_id, Py_LT);
+            if (less < 0) {
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            if (!less) {
+                continue;
+            }
+        }
+        best_bits = bits;
+        best_id = id;
+        found = 1;
+    }
+    PyBuffer_Release(&view);
+    if (!found) {
+        return Py_NewRef(best);
+    }
+    return Py_BuildValue("(lO)", best_bits, best_id);
+}
+
 static PyMethodDef simhash_methods[] = {
     {"simhash_ascii", simhash_ascii, METH_O, simhash_ascii_doc},
     {"simhash_words", simhash_words, METH_O, simhash_words_doc},
     {"xxh3_64", xxh3_64, METH_O, xxh3_64_doc},
     {"within", (PyCFunction)(void (*)(void))within, METH_FASTCALL, within_doc},
+    {"nearest", (PyCFunction)(void (*)(void))nearest, METH_FASTCALL, nearest_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -356,6 +356,22 @@ def _within(fp: int, fps: array[int], k: int) -> list[int]:
     return [i for i, other in enumerate(fps) if (other ^ fp).bit_count() <= k]
 
 
+def _nearest(
+    fp: int,
+    fps: array[int],
+    ids: list[int],
+    k: int,
+    exclude: int | None,
+    best: tuple[int, int] | None,
+) -> tuple[int, int] | None:
+    """``_simhash.nearest`` in Python: the bucket's nearest ``(distance, doc id)``, or ``best``."""
+    for other, doc_id in zip(fps, ids, strict=True):
+        bits = (other ^ fp).bit_count()
+        if bits <= k and doc_id != exclude and (best is None or (bits, doc_id) < best):
+            best = (bits, doc_id)
+    return best
+
+
 class SimHashIndex:
     """In-memory index of fingerprints answering "which are within ``k`` bits of this one?".
 
@@ -412,6 +428,27 @@ class SimHashIndex:
             ((doc_id, distance) for (_, doc_id), distance in found.items()),
             key=lambda item: (item[1], item[0]),
         )
+
+    def nearest(
+        self, fp: int, k: int | None = None, *, exclude: int | None = None
+    ) -> tuple[int, int] | None:
+        """The first ``(doc_id, distance)`` :meth:`near` would list, skipping ``exclude``.
+
+        The question a crawl asks of every page ("which earlier page does this one nearly
+        repeat?") needs one answer, not the list: on a site whose pages share a template a
+        page has ~10 neighbours within 3 bits, and building, de-duplicating and sorting them
+        cost ~34 µs a page, against ~3 µs for this scan. ``k`` (at most the index's) narrows
+        the distance; ``exclude`` is the page's own doc id (a recrawl finds itself at 0).
+        """
+        _check_fp(fp)
+        k = self.k if k is None else min(k, self.k)
+        scan = _nearest if _native is None else _native.nearest
+        best: tuple[int, int] | None = None
+        for table, (shift, mask) in zip(self._tables, self._layout, strict=True):
+            bucket = table.get((fp >> shift) & mask)
+            if bucket is not None:
+                best = scan(fp, bucket[0], bucket[1], k, exclude, best)
+        return None if best is None else (best[1], best[0])
 
     def __len__(self) -> int:
         return len(self._entries)

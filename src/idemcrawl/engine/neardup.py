@@ -44,11 +44,9 @@ class NearDuplicates:
         """The group root this page joins, or None; a page seen for the first time is added."""
         if fp is None:
             return None
-        # near() lists the nearest first; a recrawled page finds itself at distance 0.
-        match = next(
-            (doc for doc, dist in self._index.near(fp) if doc != url_id and dist <= self.distance),
-            None,
-        )
+        # A recrawled page finds itself at distance 0: it is never its own match.
+        nearest = self._index.nearest(fp, self.distance, exclude=url_id)
+        match = None if nearest is None else nearest[0]
         root = None if match is None else self._root.get(match, match)
         if url_id not in self._root:
             self._index.add(fp, url_id)
