@@ -302,6 +302,36 @@ def test_robots_refusals_never_lease_a_url_twice(frontier: Frontier) -> None:
     assert frontier.stats().urls_by_state["disallowed"] == 2
 
 
+def test_robots_checks_only_what_a_lease_needs(frontier: Frontier) -> None:
+    """Level 2 walks past any number of refused URLs in one lease call, and checks no URL it
+    will not grant: the refused ones become ``disallowed``, the rest stay queued unchecked."""
+    from idemcrawl.frontier.base import RobotsFetch
+    from idemcrawl.robots import RobotsCache, RobotsSettings
+
+    checked: list[str] = []
+
+    class Counting(RobotsCache):
+        def allowed(self, *args: Any, **kwargs: Any) -> bool:
+            checked.append(args[-1])
+            return super().allowed(*args, **kwargs)
+
+    policy = HostPolicy(max_in_flight=8, delay=0.0, robots=Counting(RobotsSettings()))
+    batch = [NewURL(f"http://a/private/{i}", "http://a", priority=9) for i in range(40)]
+    batch += [NewURL(f"http://a/open/{i}", "http://a", priority=1) for i in range(30)]
+    frontier.add(batch, T0)
+    (robots,) = frontier.lease("w", 8, T0, 30, policy)
+    body = b"User-agent: *\nDisallow: /private\n"
+    frontier.complete([Completion(robots, 200, T0, robots=RobotsFetch(200, body))], T0, policy)
+    checked.clear()
+    (lease,) = frontier.lease("w", 1, T0 + 1, 30, policy)
+    assert lease.url.startswith("http://a/open/")
+    assert frontier.stats().urls_by_state["disallowed"] == 40
+    assert len(checked) == 41, checked  # the 40 refused and the one granted
+    leases = frontier.lease("w", 7, T0 + 2, 30, policy)
+    assert len(leases) == 7 and all(ls.url.startswith("http://a/open/") for ls in leases)
+    assert len(checked) == 48
+
+
 def test_stale_failure_does_not_back_off_the_host(frontier: Frontier) -> None:
     frontier.add(urls("http://a", 1), T0)
     (lease,) = frontier.lease("w", 1, T0, 30, FAST)
