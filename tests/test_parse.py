@@ -20,6 +20,7 @@ import pytest
 from idemcrawl.frontier.base import NewURL, RecordWrite, record_id
 from idemcrawl.parse import (
     Link,
+    LinkColumns,
     Node,
     Page,
     ParseJob,
@@ -343,7 +344,7 @@ class TestParser:
         assert rec.record_id == record_id("shop", "widget-1")
         assert json.loads(rec.data_json) == {"title": "Widget", "price": 3}
         assert result.records[1].record_id == record_id("shop", "7")
-        assert result.links == [
+        assert list(result.links) == [
             NewURL(f"{SHOP}/b", SHOP, priority=5, depth=3),
             NewURL(f"{SHOP}/a", SHOP, priority=0, depth=3),
         ]
@@ -362,7 +363,7 @@ class TestParser:
     def test_spider_links_resolve_against_base_href(self) -> None:
         body = b'<base href="http://shop.test/base/"><p>x</p>'
         result = parser("tests.test_parse:RelativeSpider").run(job(body))
-        assert result.links == [NewURL(f"{SHOP}/base/rel", SHOP, depth=1)]
+        assert list(result.links) == [NewURL(f"{SHOP}/base/rel", SHOP, depth=1)]
 
     def test_spider_exception_fails_the_page(self) -> None:
         result = parser("tests.test_parse:BoomSpider").run(job(ITEM_PAGE))
@@ -370,7 +371,7 @@ class TestParser:
         assert "RuntimeError" in result.error
         assert "kaboom" in result.error
         assert result.records == []
-        assert result.links == []
+        assert list(result.links) == []
         assert result.rejected == {}
 
     def test_wrong_item_type_is_an_error(self) -> None:
@@ -378,7 +379,7 @@ class TestParser:
         assert result.error is not None
         assert "TypeError" in result.error
         assert "int" in result.error
-        assert result.links == []
+        assert list(result.links) == []
 
     def test_non_dict_record_data_is_an_error(self) -> None:
         result = parser("tests.test_parse:BadDataSpider").run(job(ITEM_PAGE))
@@ -411,7 +412,7 @@ class TestParser:
                 depth=4,
             )
         )
-        assert result == ParseResult(links=[NewURL(f"{SHOP}/b?x=1", SHOP, priority=0, depth=5)])
+        assert result == ParseResult(links=LinkColumns.of([NewURL(f"{SHOP}/b?x=1", SHOP, depth=5)]))
 
     def test_redirect_out_of_scope_is_rejected(self) -> None:
         result = parser("tests.test_parse:BoomSpider").run(
@@ -457,7 +458,7 @@ class TestParser:
         result = p.run(job(LINKS_HTML, depth=1))
         assert result.error is None
         assert result.records == []
-        assert result.links == [
+        assert list(result.links) == [
             NewURL(f"{SHOP}/b", SHOP, depth=2),
             NewURL(f"{SHOP}/a", SHOP, depth=2),
             NewURL(f"{SHOP}/dir/sub/x?q=1", SHOP, depth=2),
@@ -597,7 +598,7 @@ class TestTrapChecks:
         assert [n.url for n in result.links] == [f"{SHOP}/ok"]
         assert result.rejected == {"repeated_segment": 1, "query_params": 1, "url_length": 1}
         deep = p.run(job(b'<a href="/ok">ok</a>', depth=3))
-        assert deep.links == [] and deep.rejected == {"depth": 1}
+        assert list(deep.links) == [] and deep.rejected == {"depth": 1}
 
     def test_cached_verdicts_give_the_same_links_and_rejections(self) -> None:
         """The second page with the same links takes the parser's cached path (the verdicts of
@@ -619,13 +620,13 @@ class TestTrapChecks:
             ]
             assert result.rejected == {"repeated_segment": 1, "url_length": 1}
         deep = p.run(job(body, depth=3))
-        assert deep.links == []
+        assert list(deep.links) == []
         assert deep.rejected == {"repeated_segment": 1, "url_length": 1, "depth": 2}
 
 
 # -- the parser pool and the wire format ------------------------------------------------------
 
-POOL_SPIDER = '''
+POOL_SPIDER = """
 import os, time
 import idemcrawl
 
@@ -640,7 +641,7 @@ class Moody(idemcrawl.Spider):
             os._exit(3)  # a crash that no try/except in the worker can catch
         yield idemcrawl.Record(page.url, {"pid": os.getpid()})
         yield from page.links()
-'''
+"""
 
 
 def pool_job(path: str) -> ParseJob:
@@ -659,9 +660,7 @@ class TestParserPool:
         async def main() -> list[ParseResult]:
             pool.start()
             try:
-                return list(
-                    await asyncio.gather(*(pool.parse(pool_job(p), 1.0) for p in paths))
-                )
+                return list(await asyncio.gather(*(pool.parse(pool_job(p), 1.0) for p in paths)))
             finally:
                 self.restarts, self.pids = pool.restarts, pool.pids
                 pool.close()
@@ -674,7 +673,7 @@ class TestParserPool:
         paths = [f"/p{i}" for i in range(8)]
         results = self.run_pool(tmp_path, 2, paths)
         assert [r.records[0].key for r in results] == [f"{SHOP}{p}" for p in paths]
-        assert all(r.links == [NewURL(f"{SHOP}/next", SHOP, depth=1)] for r in results)
+        assert all(list(r.links) == [NewURL(f"{SHOP}/next", SHOP, depth=1)] for r in results)
         assert len({r.records[0].content_hash for r in results}) == 2  # both workers served
         assert self.restarts == 0 and self.closed_ok
 
@@ -804,7 +803,9 @@ def test_wire_format_round_trips() -> None:
 
     result = ParseResult(
         records=[RecordWrite.make("s", "k", {"a": 1})],
-        links=[NewURL(f"{SHOP}/x", SHOP, priority=3, depth=2, kind="sitemap", hops=1)],
+        links=LinkColumns.of(
+            [NewURL(f"{SHOP}/x", SHOP, priority=3, depth=2, kind="sitemap", hops=1)]
+        ),
         rejected={"depth": 2},
         error=None,
         simhash=2**63 + 5,
@@ -835,8 +836,9 @@ def test_canonical_is_a_normalised_hint_and_survives_the_process_boundary() -> N
         b'<body><a href="/p/2">x</a></body></html>'
     )
     parser = Parser(None, frozenset({"http://a.example"}), "host")
-    res = parser.run(ParseJob("http://a.example/p/1?utm=1", 200, {"content-type": "text/html"},
-                              body, 0))
+    res = parser.run(
+        ParseJob("http://a.example/p/1?utm=1", 200, {"content-type": "text/html"}, body, 0)
+    )
     assert res.canonical == "http://a.example/p/1?ref=x"
     assert [u.url for u in res.links] == ["http://a.example/p/2"]  # the URL itself is kept
     assert pickle.loads(pickle.dumps(res)).canonical == res.canonical
@@ -919,3 +921,98 @@ def test_requisites_are_discovered_only_when_asked() -> None:
     # On another host (out of the crawl's scope), a requisite still comes: it is part of the page.
     assert kinds["https://img.example/i.png"] == ("requisite", 2)
     assert kinds["https://shop.example/n"] == ("page", 0)
+
+
+# -- links as columns across the process boundary ------------------------------------------------
+
+
+def _mixed_links() -> list[NewURL]:
+    """Links whose fields differ after two that share them: a priority, kinds, a request with
+    a spec, a rejected one with its reason, redirect hops."""
+    from idemcrawl.frontier.base import REJECTED, REQUISITE, SITEMAP, RequestSpec, request_key
+
+    post = RequestSpec("POST", "parse_item", '{"id": 7}', '[["x-a", "1"]]', b"q=1")
+    return [
+        NewURL(f"{SHOP}/a", SHOP, 0, 3),
+        NewURL(f"{SHOP}/b", SHOP, 0, 3),
+        NewURL(f"{SHOP}/c", SHOP, 5, 3),
+        NewURL(f"{SHOP}/map.xml", SHOP, 5, 3, kind=SITEMAP),
+        NewURL("http://cdn.test/s.css", "http://cdn.test", 2, 2, kind=REQUISITE),
+        NewURL(request_key(f"{SHOP}/f", "POST", b"q=1"), SHOP, 1, 3, request=post),
+        NewURL(f"{SHOP}/d", SHOP, 0, 3, REJECTED, "template_paused", hops=2),
+        NewURL(f"{SHOP}/a", SHOP, 0, 3),  # a URL twice stays twice
+    ]
+
+
+@pytest.mark.parametrize(
+    "links",
+    [
+        [],
+        [NewURL(f"{SHOP}/p{i}", SHOP, 0, 1) for i in range(40)],
+        _mixed_links(),
+        _mixed_links()[2:],  # the first link already differs from the second
+    ],
+    ids=["none", "common", "mixed", "mixed-from-first"],
+)
+def test_link_columns_round_trip_through_pickle(links: list[NewURL]) -> None:
+    import dataclasses
+    import pickle
+
+    cols = LinkColumns.of(links)
+    assert list(cols) == links and len(cols) == len(links)
+    assert [cols[i] for i in range(len(links))] == links
+    assert cols.urls == [u.url for u in links] and cols.hosts == [u.host_key for u in links]
+    assert cols.pick(range(len(links) - 1, -1, -2)) == links[::-1][::2]
+    sent = ParseResult(links=cols, rejected={"depth": 1}, simhash=5)
+    again = pickle.loads(pickle.dumps(sent, pickle.HIGHEST_PROTOCOL))
+    assert again == sent and list(again.links) == links
+    # A redirect's links, one hop further (the pipeline's rule, as dataclasses.replace did).
+    assert list(again.links.with_hops(4)) == [dataclasses.replace(u, hops=4) for u in links]
+    assert list(again.links) == links  # with_hops made new columns
+
+
+def test_link_columns_send_shared_fields_once() -> None:
+    same = LinkColumns.of(NewURL(f"{SHOP}/p{i}", SHOP, 0, 1) for i in range(40))
+    assert same._wire()[2:] == ((0, 1, "queued", None, "page", 0, None), None)
+    mixed = LinkColumns.of(_mixed_links())
+    common, per_link = mixed._wire()[2:]
+    assert common is None and per_link is not None and len(per_link) == len(_mixed_links())
+    with pytest.raises(IndexError):
+        LinkColumns()[0]
+
+
+def test_parser_links_survive_the_process_boundary_unchanged() -> None:
+    """Each kind of discovered link, as the parser adds it, comes back out of the pickle with
+    the fields it went in with."""
+    import pickle
+
+    from idemcrawl.frontier.base import DOWNLOAD, RequestSpec, request_key
+    from idemcrawl.parse import Download, Request
+
+    class Mixed(Spider):
+        name = "mixed"
+
+        def parse(self, page: Page) -> Iterator[Any]:
+            yield "/plain"
+            yield from page.links()
+            yield Link("/hi", priority=4)
+            yield Download("/f.pdf", priority=1)
+            yield Request("/api", method="POST", body=b"k=v", callback="parse", data={"n": 1})
+
+    p = Parser(None, SCOPE, "host")
+    p.spider = Mixed()
+    result = p.run(job(ITEM_PAGE, depth=2))
+    spec = RequestSpec("POST", None, '{"n":1}', None, b"k=v")
+    assert result.error is None
+    assert list(result.links) == [
+        NewURL(f"{SHOP}/plain", SHOP, 0, 3),
+        NewURL(f"{SHOP}/x", SHOP, 0, 3),
+        NewURL(f"{SHOP}/hi", SHOP, 4, 3),
+        NewURL(f"{SHOP}/f.pdf", SHOP, 1, 3, kind=DOWNLOAD),
+        NewURL(request_key(f"{SHOP}/api", "POST", b"k=v"), SHOP, 0, 3, request=spec),
+    ]
+    again = pickle.loads(pickle.dumps(result, pickle.HIGHEST_PROTOCOL))
+    assert list(again.links) == list(result.links)
+    redirect = p.run(job(b"", status=301, headers={"location": "/moved"}, depth=2))
+    moved = pickle.loads(pickle.dumps(redirect, pickle.HIGHEST_PROTOCOL)).links
+    assert list(moved.with_hops(1)) == [NewURL(f"{SHOP}/moved", SHOP, 0, 3, hops=1)]

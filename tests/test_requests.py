@@ -114,7 +114,7 @@ def test_unknown_callback_fails_the_page_that_yields_it(name: str) -> None:
     result = parser(Bad).run(job(f"{BASE}/{name}", b"<p>x</p>"))
     assert result.error is not None
     assert f"unknown callback {name!r}" in result.error and "Bad" in result.error
-    assert result.links == []
+    assert list(result.links) == []
 
 
 def test_unknown_callback_of_a_stored_request_fails_its_url() -> None:
@@ -214,7 +214,7 @@ def test_out_of_scope_request_is_counted_not_followed() -> None:
             yield Request("http://elsewhere.test/x", "parse", {"a": 1})
 
     result = parser(Out).run(job(f"{BASE}/", b"<p/>"))
-    assert result.links == [] and result.rejected == {"out_of_scope": 1}
+    assert list(result.links) == [] and result.rejected == {"out_of_scope": 1}
 
 
 XDOC = (

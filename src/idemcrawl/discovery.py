@@ -127,8 +127,8 @@ class KnownURLs:
         if len(new) > self._half:
             self._old, self._new = new, set()
 
-    def unknown(self, links: Sequence[NewURL]) -> tuple[list[NewURL], int]:
-        """The links not known to be in the frontier, and how many were dropped."""
+    def unknown(self, urls: Sequence[str]) -> list[int]:
+        """The indexes of the URLs not known to be in the frontier, in order: the caller
+        builds link objects for those alone (most links of a page are known)."""
         new, old = self._new, self._old
-        keep = [u for u in links if u.url not in new and u.url not in old]
-        return keep, len(links) - len(keep)
+        return [i for i, u in enumerate(urls) if u not in new and u not in old]

@@ -38,6 +38,7 @@ from .frontier.base import (
     DOWNLOAD,
     METHODS,
     PAGE,
+    QUEUED,
     REQUISITE,
     SITEMAP,
     NewURL,
@@ -889,10 +890,136 @@ def _job_from_wire(
     return ParseJob(url, status, headers, body, depth, kind, request, spec)
 
 
+#: A link's fields after its URL and host key, in :class:`NewURL`'s order: priority, depth,
+#: state, reason, kind, hops, request.
+LinkRest = tuple[int, int, str, str | None, str, int, RequestSpec | None]
+
+
+class LinkColumns:
+    """A page's links, :class:`NewURL` values kept as columns: the URLs, their host keys, and
+    the other fields (:data:`LinkRest`) once for the page when every link has the same ones,
+    else one tuple per link.
+
+    Why: a page has ~40 links and ~95 % of them are URLs the crawl process already knows and
+    drops at once (``KnownURLs``). As objects, each was built in the parser process, pickled as
+    a 9-field tuple, and built again in the crawl process only to be thrown away. As columns,
+    the pickle is two lists of strings and one tuple (the common case: a page's plain links all
+    share priority, depth and the rest), and the crawl process looks at :attr:`urls` first and
+    builds objects only for the links it keeps (:meth:`pick`).
+
+    Lazy: no NewURL is stored. Iterating, indexing or :meth:`pick` builds new (equal) objects
+    on every call; a consumer that walks them more than once takes ``list(links)``.
+    """
+
+    __slots__ = ("_common", "_rest", "hosts", "urls")
+
+    def __init__(self) -> None:
+        #: Each link's frontier key (its URL, or a request's key), in discovery order.
+        self.urls: list[str] = []
+        #: Each link's host key, parallel to :attr:`urls`.
+        self.hosts: list[str] = []
+        #: Every link's other fields, while they are all the same (None: no link yet, or
+        #: they differ and :attr:`_rest` holds them per link).
+        self._common: LinkRest | None = None
+        self._rest: list[LinkRest] | None = None
+
+    @classmethod
+    def of(cls, links: Iterable[NewURL]) -> LinkColumns:
+        """The columns of these links, in this order."""
+        out = cls()
+        for u in links:
+            out.add(u.url, u.host_key, _link_rest(u))
+        return out
+
+    def add(self, url: str, host_key: str, rest: LinkRest) -> None:
+        """Append a link. Passing the same ``rest`` object for a page's links (the parser's
+        plain links) keeps the common case to an identity check."""
+        urls = self.urls
+        urls.append(url)
+        self.hosts.append(host_key)
+        per = self._rest
+        if per is not None:
+            per.append(rest)
+            return
+        common = self._common
+        if common is None:
+            self._common = rest
+        elif rest is not common and rest != common:
+            self._rest = [common] * (len(urls) - 1)
+            self._rest.append(rest)
+            self._common = None
+
+    def pick(self, indexes: Iterable[int]) -> list[NewURL]:
+        """New NewURL objects for the links at ``indexes``, in that order."""
+        urls, hosts, per = self.urls, self.hosts, self._rest
+        if per is not None:
+            return [NewURL(urls[i], hosts[i], *per[i]) for i in indexes]
+        common = self._common
+        if common is None:  # no link: every index is out of range
+            for i in indexes:
+                raise IndexError(f"link index {i} out of range")
+            return []
+        p, d, s, r, k, h, q = common
+        return [NewURL(urls[i], hosts[i], p, d, s, r, k, h, q) for i in indexes]
+
+    def with_hops(self, hops: int) -> LinkColumns:
+        """The same links, each ``hops`` redirect hops from where the crawl found it (R14)."""
+        out = LinkColumns()
+        out.urls = list(self.urls)
+        out.hosts = list(self.hosts)
+        if self._rest is not None:
+            out._rest = [(*r[:5], hops, r[6]) for r in self._rest]
+        elif self._common is not None:
+            c = self._common
+            out._common = (*c[:5], hops, c[6])
+        return out
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __iter__(self) -> Iterator[NewURL]:
+        return iter(self.pick(range(len(self.urls))))
+
+    def __getitem__(self, index: int) -> NewURL:
+        return self.pick((index,))[0]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when they hold the same links, however their fields are laid out."""
+        if not isinstance(other, LinkColumns):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"LinkColumns.of({list(self)!r})"
+
+    def _wire(self) -> tuple[list[str], list[str], LinkRest | None, list[LinkRest] | None]:
+        return self.urls, self.hosts, self._common, self._rest
+
+    @classmethod
+    def _from_wire(
+        cls,
+        urls: list[str],
+        hosts: list[str],
+        common: LinkRest | None,
+        rest: list[LinkRest] | None,
+    ) -> LinkColumns:
+        out = cls()
+        out.urls, out.hosts, out._common, out._rest = urls, hosts, common, rest
+        return out
+
+
+def _link_rest(u: NewURL) -> LinkRest:
+    return (u.priority, u.depth, u.state, u.reason, u.kind, u.hops, u.request)
+
+
 @dataclass(slots=True)
 class ParseResult:
     records: list[RecordWrite] = field(default_factory=list)
-    links: list[NewURL] = field(default_factory=list)
+    #: The page's links as columns; their NewURL objects are built on demand (see
+    #: :class:`LinkColumns`: iterating builds new ones each time).
+    links: LinkColumns = field(default_factory=LinkColumns)
     #: Links not followed, by reason class (out_of_scope, invalid_url, url_length, depth, …).
     rejected: dict[str, int] = field(default_factory=dict)
     error: str | None = None
@@ -907,35 +1034,43 @@ class ParseResult:
     warc: BuiltExchange | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Records and links as tuples of their fields: ~40 links per page cross the process
-        boundary, and the dataclass default (a field-name dict per object) cost more than the
-        link extraction itself."""
+        """Records as tuples of their fields and links as their columns: the dataclass default
+        (a field-name dict per object) cost more than the link extraction itself."""
         records = list(map(_record_fields, self.records))
-        links = list(map(_link_fields, self.links))
         warc = None if self.warc is None else tuple(self.warc)
         return (
             _result_from_wire,
-            (records, links, self.rejected, self.error, self.simhash, self.canonical, warc),
+            (
+                records,
+                *self.links._wire(),
+                self.rejected,
+                self.error,
+                self.simhash,
+                self.canonical,
+                warc,
+            ),
         )
 
 
 #: Field values in declaration order, so ``Class(*values)`` rebuilds the object (C speed).
 _record_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(RecordWrite)))
-_link_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(NewURL)))
 
 
 def _result_from_wire(
     records: list[tuple[Any, ...]],
-    links: list[tuple[Any, ...]],
+    urls: list[str],
+    hosts: list[str],
+    common: LinkRest | None,
+    rest: list[LinkRest] | None,
     rejected: dict[str, int],
     error: str | None,
     simhash: int | None,
-    canonical: str | None = None,
-    warc: tuple[Any, ...] | None = None,
+    canonical: str | None,
+    warc: tuple[Any, ...] | None,
 ) -> ParseResult:
     return ParseResult(
         [RecordWrite(*r) for r in records],
-        [NewURL(*u) for u in links],
+        LinkColumns._from_wire(urls, hosts, common, rest),
         rejected,
         error,
         simhash,
@@ -984,7 +1119,7 @@ class Parser:
                     job.url,
                     job.status,
                     job.body,
-                    links=[u.url for u in result.links],
+                    links=result.links.urls,
                     records=len(result.records),
                     parse_error=result.error,
                 )
@@ -1029,14 +1164,15 @@ class Parser:
         # trap verdict is cached: accepted here without three method calls (~40 per page).
         checked = page._checked_links
         verdicts = self._trap_cache
-        links = result.links
+        add_link = result.links.add
+        plain: LinkRest = (0, depth, QUEUED, None, PAGE, 0, None)  # one object: see add()
         inline = 0 <= depth <= self.limits.max_depth
         try:
             for item in self._callback(callback)(page) or ():
                 if isinstance(item, str):
                     hk = checked.get(item) if inline else None
                     if hk is not None and verdicts.get(item, _UNCHECKED) is None:
-                        links.append(NewURL(item, hk, 0, depth))
+                        add_link(item, hk, plain)
                     else:
                         self._follow_page_link(result, item, page, depth, 0)
                 elif isinstance(item, Record):
@@ -1213,7 +1349,7 @@ class Parser:
         if trap is not None:
             _count(result.rejected, reason_class(trap))
             return
-        result.links.append(NewURL(key or url, hk, prio, depth, kind=kind, request=request))
+        result.links.add(key or url, hk, (prio, depth, QUEUED, None, kind, 0, request))
 
     def _check_url(self, url: str, depth: int) -> str | None:
         """``check_url(url, depth, limits)``, with the URL-only part cached by URL."""

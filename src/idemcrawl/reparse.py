@@ -103,4 +103,4 @@ def _reparse_one(
         summary.errors["parse"] = summary.errors.get("parse", 0) + 1
         return Reparsed(row["url_id"], row["url"], error=result.error)
     summary.links += len(result.links)
-    return Reparsed(row["url_id"], row["url"], result.records, result.links)
+    return Reparsed(row["url_id"], row["url"], result.records, list(result.links))

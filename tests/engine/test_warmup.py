@@ -12,6 +12,7 @@ from idemcrawl.engine.neardup import NearDuplicates
 from idemcrawl.engine.warmup import Warmup
 from idemcrawl.frontier.base import Completion, HostPolicy, NewURL
 from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.parse import LinkColumns
 from idemcrawl.traps import TrapLimits
 
 T0 = 1_000_000.0
@@ -87,7 +88,7 @@ def test_a_saturated_gate_is_rebuilt_bigger_from_the_frontier(tmp_path: Path) ->
         gate.bloom = BloomNegativeCache(10)  # saturates after 11 definitely-new links
         link_gate = LinkGate(gate, frontier, inline, SystemClock())
         fresh = [NewURL(f"{HOST}/new{i}", HOST) for i in range(20)]
-        asyncio.run(link_gate.filter(fresh))
+        asyncio.run(link_gate.filter(LinkColumns.of(fresh)))
         rebuilt = link_gate.gate
         assert rebuilt is not gate and rebuilt.bloom.expected_items >= 100_000
         assert all(rebuilt.bloom.might_contain(f"{HOST}/k{i}") for i in range(30))

@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from ..dedup import BloomNegativeCache
 from ..fetch import FetchResult
-from ..frontier.base import Frontier, Lease, NewURL
+from ..frontier.base import Frontier, Lease
 from ..parse import ParseResult
 from ..render import RenderResult
 from ..warc import (
@@ -178,7 +178,7 @@ class Archiver:
         lease: Lease,
         res: FetchResult,
         result: ParseResult,
-        links: list[NewURL],
+        link_urls: Sequence[str],
         rendered: RenderResult | None = None,
     ) -> Archived:
         """Archive a parsed exchange (R19, R20); ArchiveFailed when the store refuses it.
@@ -229,7 +229,7 @@ class Archiver:
                 ptr = await self._store(partial(store.append_exchange, built), self._append)
             else:
                 ptr = await self._write_exchange(
-                    store, lease.fetch_url, res, self._page_metadata(lease, res, result, links,
+                    store, lease.fetch_url, res, self._page_metadata(lease, res, result, link_urls,
                     rendered), rendered=dom, body_sha1=body_sha1, **_request_of(lease),
                 )  # fmt: skip
         finally:
@@ -244,14 +244,14 @@ class Archiver:
         lease: Lease,
         res: FetchResult,
         result: ParseResult,
-        links: list[NewURL],
+        link_urls: Sequence[str],
         rendered: RenderResult | None,
     ) -> dict[str, Any]:
         """The metadata record of a page built here (the parser process adds the same
         parse facts in ``warc_records.build_page_exchange``)."""
         metadata = self._metadata(lease, res)
         metadata["parse_error"] = result.error
-        metadata["links"] = [u.url for u in links]
+        metadata["links"] = list(link_urls)
         metadata["records"] = len(result.records)
         if rendered is not None:
             metadata["rendered"] = {

@@ -14,6 +14,7 @@ from functools import partial
 
 from ..discovery import META_KEY, DiscoveryGate, KnownURLs
 from ..frontier.base import Completion, Frontier, NewURL
+from ..parse import LinkColumns
 from ..traps import TrapLimits
 from .calls import Call
 from .clock import Clock
@@ -74,11 +75,14 @@ class LinkGate:
         self._next_save = 0.0
         self._rebuilding = False
 
-    async def filter(self, links: list[NewURL]) -> Gated:
-        links, known = self.known.unknown(links)
+    async def filter(self, links: LinkColumns) -> Gated:
+        """The page's links the frontier may not have yet, through the discovery gate; a known
+        one is dropped on its URL string, before any object is built for it."""
+        keep = self.known.unknown(links.urls)
+        known = len(links) - len(keep)
         gate = self.gate
         pauses = gate.gate.pauses
-        out, refused = gate.filter(links)
+        out, refused = gate.filter(links.pick(keep))
         paused = gate.gate.pauses - pauses
         if gate.needs_rebuild and not self._rebuilding:
             self._rebuilding = True

@@ -21,7 +21,6 @@ dropped (it is about to expire, or the archive failed and the crawl is stopping)
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -39,10 +38,9 @@ from ..frontier.base import (
     Completion,
     Failure,
     Lease,
-    NewURL,
     RobotsFetch,
 )
-from ..parse import ParseJob, ParseResult
+from ..parse import LinkColumns, ParseJob, ParseResult
 from ..render import Renderer, RenderError, RenderResult
 from .archiver import Archived, ArchiveFailed, Archiver
 from .clock import Clock
@@ -253,7 +251,7 @@ class Pipeline:
             redirect_to, links, error = self._redirect(lease, location, links)
             if error:
                 counters["redirects_too_long"] = 1
-        archived = await self.archiver.archive(lease, res, result, links, rendered)
+        archived = await self.archiver.archive(lease, res, result, links.urls, rendered)
         if rendered is not None:
             counters["rendered"] = 1
             if rendered.cut_reason:
@@ -379,7 +377,7 @@ class Pipeline:
 
     async def _download(self, lease: Lease, res: FetchResult) -> Completion:
         """A file a spider asked for: archived, kept under ``files/`` by content hash."""
-        archived = await self.archiver.archive(lease, res, ParseResult(), [])
+        archived = await self.archiver.archive(lease, res, ParseResult(), ())
         stored = None
         if 200 <= res.status < 300 and not res.cut_reason:
             stored = await self.archiver.keep_file(res.body, download_suffix(lease.url))
@@ -390,7 +388,7 @@ class Pipeline:
     async def _requisite(self, lease: Lease, res: FetchResult) -> Completion:
         """A stylesheet, script or image a page needs (``--requisites``): archived for replay,
         never parsed, no file copy, no index event."""
-        archived = await self.archiver.archive(lease, res, ParseResult(), [])
+        archived = await self.archiver.archive(lease, res, ParseResult(), ())
         error = f"cut: {res.cut_reason}" if res.cut_reason else None
         return self._round(lease, res, archived, error, {"requisites": 1})
 
@@ -414,8 +412,8 @@ class Pipeline:
         )
 
     def _redirect(
-        self, lease: Lease, location: str, links: list[NewURL]
-    ) -> tuple[str | None, list[NewURL], str | None]:
+        self, lease: Lease, location: str, links: LinkColumns
+    ) -> tuple[str | None, LinkColumns, str | None]:
         """R14: the target is a URL of its own (scope, robots, SSRF and dedup apply to it as to
         any link) one hop further; past ``max_redirects`` hops the chain is cut and recorded."""
         try:
@@ -424,8 +422,9 @@ class Pipeline:
             target = None
         hops = lease.hops + 1
         if hops > self.cfg.max_redirects:
-            return target, [], f"redirect chain longer than {self.cfg.max_redirects} hops"
-        return target, [dataclasses.replace(u, hops=hops) for u in links], None
+            error = f"redirect chain longer than {self.cfg.max_redirects} hops"
+            return target, LinkColumns(), error
+        return target, links.with_hops(hops), None
 
     async def fetch_robots(self, lease: Lease) -> Completion:
         """Fetch robots.txt, following up to 5 redirects (RFC 9309 2.3.1.2), each SSRF-checked."""
