@@ -971,6 +971,16 @@ def test_link_columns_round_trip_through_pickle(links: list[NewURL]) -> None:
     assert list(again.links) == links  # with_hops made new columns
 
 
+def test_link_columns_know_every_field_of_a_new_url() -> None:
+    """LinkColumns lays a link out by position: a field added to NewURL must be added there."""
+    import dataclasses
+
+    from idemcrawl.parse import LINK_REST_FIELDS
+
+    names = tuple(f.name for f in dataclasses.fields(NewURL))
+    assert names == ("url", "host_key", *LINK_REST_FIELDS)
+
+
 def test_link_columns_send_shared_fields_once() -> None:
     same = LinkColumns.of(NewURL(f"{SHOP}/p{i}", SHOP, 0, 1) for i in range(40))
     assert same._wire()[2:] == ((0, 1, "queued", None, "page", 0, None), None)

@@ -890,8 +890,9 @@ def _job_from_wire(
     return ParseJob(url, status, headers, body, depth, kind, request, spec)
 
 
-#: A link's fields after its URL and host key, in :class:`NewURL`'s order: priority, depth,
-#: state, reason, kind, hops, request.
+#: A link's fields after its URL and host key, in :class:`NewURL`'s order (a test holds
+#: NewURL to it: :class:`LinkColumns` builds and reads these tuples by position).
+LINK_REST_FIELDS = ("priority", "depth", "state", "reason", "kind", "hops", "request")
 LinkRest = tuple[int, int, str, str | None, str, int, RequestSpec | None]
 
 
@@ -1010,8 +1011,7 @@ class LinkColumns:
         return out
 
 
-def _link_rest(u: NewURL) -> LinkRest:
-    return (u.priority, u.depth, u.state, u.reason, u.kind, u.hops, u.request)
+_link_rest: Callable[[NewURL], LinkRest] = operator.attrgetter(*LINK_REST_FIELDS)
 
 
 @dataclass(slots=True)
