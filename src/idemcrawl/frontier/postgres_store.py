@@ -80,6 +80,11 @@ _DONE_CAST: dict[str, Callable[[Any], Any]] = {
     col: {"int": int, "bigint": int, "float8": float, "text": str}[t]
     for col, t in _DONE_TYPES.items()
 }
+#: The fenced completion update. ``u.state = c.leased`` is ``u.state = 'leased'`` kept from the
+#: planner (``OFFSET 0``: the constant is not pulled up): with statistics analyzed while no URL
+#: was leased (a fresh seed) it expects one leased row, walks the partial index ``urls_leases``
+#: and joins the batch in a nested loop that unnests all its arrays again for every leased row
+#: (115 ms for 256 pages at 10^5 URLs; 0.3 ms per URL looked up by key, as it is now).
 _DONE_SQL = (
     "UPDATE urls AS u SET state = 'done', attempts = 0, lease_owner = NULL, "
     "lease_token = NULL, lease_expires_at = NULL, "
@@ -87,12 +92,14 @@ _DONE_SQL = (
         f"{col} = COALESCE(c.{col}, u.{col})" if keep else f"{col} = c.{col}"
         for col, keep in DONE_COLUMNS
     )
-    + " FROM unnest(%b::bigint[], %b::int[], %b::bigint[], "
+    + " FROM (SELECT *, 'leased'::text AS leased FROM unnest(%b::bigint[], %b::int[], "
+    "%b::bigint[], "
     + ", ".join(f"%b::{_DONE_TYPES[col]}[]" for col, _ in DONE_COLUMNS)
-    + ") AS c(url_id, version, token, "
+    + ") AS l(url_id, version, token, "
     + ", ".join(col for col, _ in DONE_COLUMNS)
-    + ") WHERE u.url_id = c.url_id AND u.state = 'leased' AND u.version = c.version "
-    "AND u.lease_token = c.token RETURNING c.url_id, c.version, c.token"
+    + ") OFFSET 0) AS c WHERE u.url_id = c.url_id AND u.state = c.leased "
+    "AND u.version = c.version AND u.lease_token = c.token "
+    "RETURNING c.url_id, c.version, c.token"
 )
 
 
