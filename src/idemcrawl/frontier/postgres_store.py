@@ -103,6 +103,21 @@ _DONE_SQL = (
 )
 
 
+def done_params(fenced: Sequence[Completion]) -> tuple[list[Any], ...]:
+    """``_DONE_SQL``'s arrays for a batch of distinct leases."""
+    values = [done_values(c) for c in fenced]
+    columns = [
+        [None if v[i] is None else _DONE_CAST[col](v[i]) for v in values]
+        for i, (col, _) in enumerate(DONE_COLUMNS)
+    ]
+    return (
+        [c.lease.url_id for c in fenced],
+        [c.lease.version for c in fenced],
+        [c.lease.token for c in fenced],
+        *columns,
+    )
+
+
 #: PostgreSQL types of the host columns ``update_hosts`` may set (``HOST_COLUMNS``).
 _HOST_TYPES = {
     "next_allowed_at": "float8", "in_flight": "int", "queued": "int", "max_in_flight": "int",
@@ -272,20 +287,7 @@ class PgStore(SQLStore):
         for i, c in enumerate(completions):
             first.setdefault((c.lease.url_id, c.lease.version, c.lease.token), i)
         fenced = [completions[i] for i in first.values()]
-        values = [done_values(c) for c in fenced]
-        columns = [
-            [None if v[i] is None else _DONE_CAST[col](v[i]) for v in values]
-            for i, (col, _) in enumerate(DONE_COLUMNS)
-        ]
-        done = self.cur.execute(
-            _DONE_SQL,
-            (
-                [c.lease.url_id for c in fenced],
-                [c.lease.version for c in fenced],
-                [c.lease.token for c in fenced],
-                *columns,
-            ),
-        ).fetchall()
+        done = self.cur.execute(_DONE_SQL, done_params(fenced)).fetchall()
         ok_keys = {(int(r[0]), int(r[1]), int(r[2])) for r in done}
         keys = [(c.lease.url_id, c.lease.version, c.lease.token) for c in completions]
         return [first[key] == i and key in ok_keys for i, key in enumerate(keys)]
