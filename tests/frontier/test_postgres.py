@@ -783,3 +783,160 @@ def test_set_based_completion_matches_sqlite(dsn: str, new_schema, tmp_path) -> 
     assert all(h["latency_ewma"] is not None for h in hosts)
     assert len(events) == 12 and len(records) == 11
 
+
+# -- planner statistics ---------------------------------------------------------------------------
+
+
+def _stat(admin: Any, schema: str, column: str) -> dict[str, int]:
+    """A ``pg_stat_user_tables`` column for each table of ``schema`` (``analyze_count`` counts
+    the ANALYZE commands run on a table: the frontier's, not autovacuum's)."""
+    rows = admin.execute(
+        f"SELECT relname, {column} FROM pg_stat_user_tables WHERE schemaname = %s", (schema,)
+    ).fetchall()
+    return {str(r): int(n) for r, n in rows}
+
+
+def _counted(f: Any, admin: Any, schema: str, table: str, changes: int) -> None:
+    """Wait until the server's counters show ``changes`` rows of ``table`` changed since its
+    last analyze: a backend reports its counts when idle, at most once a second."""
+    if admin.info.server_version >= 150000:
+        f._run(lambda s: s.cur.execute("SELECT pg_stat_force_next_flush()"), write=False)
+    deadline = time.monotonic() + 20
+    while (seen := _stat(admin, schema, "n_mod_since_analyze").get(table, 0)) < changes:
+        assert time.monotonic() < deadline, f"{table}: {seen} changes counted, not {changes}"
+        time.sleep(0.05)
+
+
+def _analyzed(admin: Any, schema: str, expected: dict[str, int]) -> dict[str, int]:
+    """The analyze counts of the tables in ``expected``, once they reach it (PostgreSQL 13-14
+    report them through the statistics collector, a moment later)."""
+    deadline = time.monotonic() + 5
+    while True:
+        counts = _stat(admin, schema, "analyze_count")
+        seen = {t: counts.get(t, 0) for t in expected}
+        if seen == expected or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.05)
+
+
+def test_a_frontier_that_grows_several_fold_is_analyzed_and_one_that_does_not_is_not(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, admin, monkeypatch
+) -> None:
+    """Nothing else analyzes the frontier on a server without autovacuum: the frontier runs
+    ANALYZE on a table once the server counts it changed several-fold since the last one, so
+    the first lease after a seed plans level 1 on statistics, and a crawl changing its tables a
+    little at a time is not analyzed again and again."""
+    from idemcrawl.frontier import scheduler
+
+    monkeypatch.setattr(scheduler, "STATS_CHECK_SECONDS", 0.0)  # check at every lease call
+    schema = new_schema()
+    f = _open(dsn, schema)
+    f.add([NewURL(f"http://h{h}/p{i}", f"http://h{h}") for h in range(500) for i in range(10)], T0)
+    _counted(f, admin, schema, "urls", 5_000)
+    assert _stat(admin, schema, "analyze_count").get("urls", 0) == 0
+    leases = f.lease("w", 50, T0, 60, FAST)
+    assert len(leases) == 50
+    # The seed (5,000 URLs, 500 hosts) is analyzed before level 1 runs.
+    assert _analyzed(admin, schema, {"urls": 1, "hosts": 1}) == {"urls": 1, "hosts": 1}
+    reltuples = admin.execute(
+        "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = 'urls'",
+        (schema,),
+    ).fetchone()
+    assert reltuples is not None and reltuples[0] == 5_000
+    # A crawl's steady trickle (leases, completions with a link each): far below twice the
+    # tables' sizes, so every call checks and none analyzes them again.
+    now = T0
+    for _ in range(10):
+        now += 1
+        f.complete([_page(ls, now, n_links=1) for ls in leases], now, FAST)
+        leases = f.lease("w", 50, now, 60, FAST)
+        assert leases
+    _counted(f, admin, schema, "urls", 1_000)
+    f.lease("w", 1, now, 60, FAST)
+    assert _analyzed(admin, schema, {"urls": 1}) == {"urls": 1}
+    # Tripled (10,000 more URLs, by another process: the server's counters count them too).
+    g = _open(dsn, schema)
+    g.add([NewURL(f"http://h{h}/q{i}", f"http://h{h}") for h in range(500) for i in range(20)], T0)
+    _counted(g, admin, schema, "urls", 10_000)
+    g.close()
+    f.lease("w", 1, now, 60, FAST)
+    assert _analyzed(admin, schema, {"urls": 2}) == {"urls": 2}
+    f.close()
+
+
+def test_statistics_are_checked_at_most_once_a_minute_or_after_a_bulk_insert(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, monkeypatch
+) -> None:
+    """The check is one read of the server's counters, not one per lease call: the first lease
+    of a process, then once STATS_CHECK_SECONDS passed or this process offered
+    STATS_CHECK_URLS URLs."""
+    from idemcrawl.frontier import scheduler
+    from idemcrawl.frontier.postgres_store import PgStore
+
+    checks: list[list[str]] = []
+    real = PgStore.stale_tables
+
+    def counting(self: PgStore, min_changes: int, factor: float) -> list[str]:
+        out = real(self, min_changes, factor)
+        checks.append(out)
+        return out
+
+    monkeypatch.setattr(PgStore, "stale_tables", counting)
+    monkeypatch.setattr(scheduler, "STATS_CHECK_URLS", 300)
+    clock = [1000.0]
+    monkeypatch.setattr(scheduler.time, "monotonic", lambda: clock[0])
+    f = _open(dsn, new_schema())
+    f.add(_urls("http://a", 100), T0)
+    for i in range(20):
+        f.lease("w", 1, T0 + i, 60, FAST)
+    assert len(checks) == 1
+    clock[0] += scheduler.STATS_CHECK_SECONDS
+    f.lease("w", 1, T0 + 30, 60, FAST)
+    assert len(checks) == 2
+    f.add(_urls("http://b", 300), T0)
+    f.lease("w", 1, T0 + 31, 60, FAST)
+    assert len(checks) == 3
+    f.close()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "connection-lost"])
+def test_a_failed_analyze_fails_no_lease_or_completion(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, admin, monkeypatch, caplog, how: str
+) -> None:
+    """An ANALYZE cancelled by its timeout, or whose connection is lost, is logged and tried
+    again later; the lease call around it grants as if nothing happened."""
+    from idemcrawl.frontier import scheduler
+    from idemcrawl.frontier.postgres_store import PgStore
+
+    tries: list[float] = []
+    clock = [1000.0]
+    monkeypatch.setattr(scheduler.time, "monotonic", lambda: clock[0])
+
+    def failing(self: PgStore, tables: Any, timeout: float) -> None:
+        tries.append(clock[0])
+        if how == "cancelled":
+            self.cur.execute("SET LOCAL statement_timeout = 50")
+            self.cur.execute("SELECT pg_sleep(5)")
+        else:
+            admin.execute("SELECT pg_terminate_backend(%s)", (f.backend_pid,))
+            self.cur.execute("SELECT 1")
+
+    monkeypatch.setattr(PgStore, "analyze", failing)
+    schema = new_schema()
+    f = _open(dsn, schema)
+    f.add([NewURL(f"http://h{h}/p{i}", f"http://h{h}") for h in range(200) for i in range(10)], T0)
+    _counted(f, admin, schema, "urls", 2_000)
+    with caplog.at_level("WARNING", logger="idemcrawl.frontier.scheduler"):
+        leases = f.lease("w", 20, T0, 60, FAST)
+    assert len(leases) == 20 and len(tries) == 1
+    assert "planner statistics failed" in caplog.text
+    assert f.complete([_page(ls, T0 + 1) for ls in leases], T0 + 1, FAST) == [True] * 20
+    # Not tried again at every call, nor after the usual minute: after the retry pause.
+    clock[0] += scheduler.STATS_CHECK_SECONDS
+    assert f.lease("w", 20, T0 + 2, 60, FAST)
+    assert len(tries) == 1
+    clock[0] += scheduler.STATS_RETRY_SECONDS
+    assert f.lease("w", 20, T0 + 3, 60, FAST)
+    assert len(tries) == 2
+    f.close()

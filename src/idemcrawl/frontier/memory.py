@@ -546,6 +546,12 @@ class MemoryStore(MemoryReads):
     def set_cursor(self, consumer: str, cursor: int) -> None:
         self.deliveries[consumer] = max(self.deliveries.get(consumer, cursor), cursor)
 
+    def stale_tables(self, min_changes: int, factor: float) -> list[str]:
+        return []  # indexed Python structures: no planner
+
+    def analyze(self, tables: Sequence[str], timeout: float) -> None:
+        return None
+
 
 class MemoryFrontier(Scheduler):
     """The frontier contract in this process's memory (see the module doc: not durable)."""
@@ -572,7 +578,14 @@ class MemoryFrontier(Scheduler):
     def migrate(self) -> int:
         return store.SCHEMA_VERSION
 
-    def _run(self, fn: Callable[[Any], T], *, write: bool = True, snapshot: bool = False) -> T:
+    def _run(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        write: bool = True,
+        snapshot: bool = False,
+        retry: bool = True,
+    ) -> T:
         if self._closed:
             raise base.FrontierError("the in-memory frontier is closed")
         with self._store.lock:

@@ -246,12 +246,21 @@ class PostgresFrontier(Scheduler):
         except psycopg.Error:
             self._drop_connection()
 
-    def _run(self, fn: Callable[[Any], T], *, write: bool = True, snapshot: bool = False) -> T:
+    def _run(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        write: bool = True,
+        snapshot: bool = False,
+        retry: bool = True,
+    ) -> T:
         """Run ``fn`` as one transaction, retrying it whole after a connection loss.
 
         ``write`` transactions learn their xid before COMMIT so that a lost acknowledgement can
         be resolved exactly (see the module doc); ``snapshot`` reads run at REPEATABLE READ so
-        that their several statements see one state.
+        that their several statements see one state. Without ``retry`` every error is a
+        ``FrontierError`` at once (a lost connection is still dropped, for the next call to
+        replace).
         """
         with self._lock:
             if self._closed:
@@ -270,7 +279,7 @@ class PostgresFrontier(Scheduler):
                         self._drop_connection()
                     else:
                         self._rollback_quietly()
-                    if not lost and not isinstance(exc, psycopg.OperationalError):
+                    if not retry or (not lost and not isinstance(exc, psycopg.OperationalError)):
                         raise FrontierError(f"PostgreSQL error: {exc}") from exc
                     if state.committing and state.xid is not None:
                         outcome = self._commit_outcome(state.xid, deadline)

@@ -167,6 +167,15 @@ _INSERT_EVENTS = (
 )
 
 
+#: ``Store.stale_tables``: the server's counters (every process's changes, kept whether or not
+#: autovacuum runs) against the row count the last analyze found (-1 before the first one).
+_STALE_TABLES = (
+    "SELECT s.relname FROM pg_stat_user_tables AS s JOIN pg_class AS c ON c.oid = s.relid "
+    "WHERE s.schemaname = current_schema() "
+    "AND s.n_mod_since_analyze >= GREATEST(%s, %s * GREATEST(c.reltuples, 0)) ORDER BY 1"
+)
+
+
 class PgStore(SQLStore):
     """``sql.SQLStore`` in the PostgreSQL dialect, with its set-based statements."""
 
@@ -310,6 +319,20 @@ class PgStore(SQLStore):
             f"AS v({', '.join(names)}, host_key) WHERE h.host_key = v.host_key",
             _columns(rows, types),
         )
+
+    def stale_tables(self, min_changes: int, factor: float) -> list[str]:
+        rows = self.cur.execute(_STALE_TABLES, (int(min_changes), float(factor))).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def analyze(self, tables: Sequence[str], timeout: float) -> None:
+        """One ANALYZE for all ``tables``. It takes only a SHARE UPDATE EXCLUSIVE lock, which
+        no reader or writer of rows waits for; SKIP_LOCKED passes over a table another
+        session is analyzing (or vacuuming) instead of queueing behind it."""
+        if not tables:
+            return
+        self.cur.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
+        names = ", ".join('"' + t.replace('"', '""') + '"' for t in tables)
+        self.cur.execute(f"ANALYZE (SKIP_LOCKED) {names}")
 
     def upsert_records(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """One statement per batch; a batch writing one record twice runs row by row (one

@@ -48,9 +48,18 @@ def next_ready_at(store: Any, max_in_flight: int) -> float | None:
 class Reads:
     """Outputs, crawl state and inspection over ``_run``; ``Scheduler`` adds the writes."""
 
-    def _run(self, fn: Callable[[Any], T], *, write: bool = True, snapshot: bool = False) -> T:
+    def _run(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        write: bool = True,
+        snapshot: bool = False,
+        retry: bool = True,
+    ) -> T:
         """Run ``fn(store)`` as one transaction (``write=False``: a read; ``snapshot``: its
-        statements see one state). Each backend provides it."""
+        statements see one state; ``retry=False``: a lost connection or a cancelled statement
+        fails it at once instead of being retried, for upkeep that may simply wait for its next
+        turn). Each backend provides it."""
         raise NotImplementedError
 
     def close(self) -> None:

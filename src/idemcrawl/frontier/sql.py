@@ -505,6 +505,15 @@ class SQLStore:
             "WHERE robots_failures > 0 OR robots_state = 'disallow_all'"
         )
 
+    # -- planner statistics --------------------------------------------------------------------
+
+    def stale_tables(self, min_changes: int, factor: float) -> list[str]:
+        """SQLite: none (see ``Store.stale_tables``; its hot statements name their indexes)."""
+        return []
+
+    def analyze(self, tables: Sequence[str], timeout: float) -> None:
+        return None
+
     # -- partitions, meta, seeds, cursors ------------------------------------------------------
 
     def partition(self, partition: int, *, create: bool) -> tuple[str | None, int, float] | None:

@@ -462,7 +462,14 @@ class SQLiteFrontier(Scheduler):
             raise
         self._db.execute("COMMIT")
 
-    def _run(self, fn: Callable[[Any], T], *, write: bool = True, snapshot: bool = False) -> T:
+    def _run(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        write: bool = True,
+        snapshot: bool = False,
+        retry: bool = True,
+    ) -> T:
         """One transaction: BEGIN IMMEDIATE for a write (the file's write lock, taken up front),
         a deferred BEGIN for a multi-statement read snapshot, autocommit for a single read."""
         begin = "BEGIN IMMEDIATE" if write else "BEGIN" if snapshot else None

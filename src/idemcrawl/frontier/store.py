@@ -401,6 +401,20 @@ class Store(Protocol):
         """Keeps the maximum: a late or repeated acknowledgement cannot rewind."""
         ...
 
+    # -- planner statistics ----------------------------------------------------------------------
+
+    def stale_tables(self, min_changes: int, factor: float) -> list[str]:
+        """The crawl's tables whose rows changed since their last analyze (the engine's own
+        counters, whichever process changed them) at least ``min_changes`` times and ``factor``
+        times their size then; [] on an engine that keeps no statistics the frontier's plans
+        depend on."""
+        ...
+
+    def analyze(self, tables: Sequence[str], timeout: float) -> None:
+        """Refresh the planner statistics of ``tables``, cancelled after ``timeout`` seconds;
+        a table another session is analyzing is skipped."""
+        ...
+
     # -- read side -----------------------------------------------------------------------------
 
     def progress(self, now: float) -> Progress: ...
