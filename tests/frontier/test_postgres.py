@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import re
 import socket
 import subprocess
@@ -833,10 +834,10 @@ def test_a_frontier_that_grows_several_fold_is_analyzed_and_one_that_does_not_is
     f = _open(dsn, schema)
     f.add([NewURL(f"http://h{h}/p{i}", f"http://h{h}") for h in range(500) for i in range(10)], T0)
     _counted(f, admin, schema, "urls", 5_000)
-    assert _stat(admin, schema, "analyze_count").get("urls", 0) == 0
     leases = f.lease("w", 50, T0, 60, FAST)
     assert len(leases) == 50
-    # The seed (5,000 URLs, 500 hosts) is analyzed before level 1 runs.
+    # The seed (5,000 URLs, 500 hosts) is analyzed before level 1 runs (after the add, once
+    # the server counted its rows, else before the lease).
     assert _analyzed(admin, schema, {"urls": 1, "hosts": 1}) == {"urls": 1, "hosts": 1}
     reltuples = admin.execute(
         "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -844,8 +845,8 @@ def test_a_frontier_that_grows_several_fold_is_analyzed_and_one_that_does_not_is
         (schema,),
     ).fetchone()
     assert reltuples is not None and reltuples[0] == 5_000
-    # A crawl's steady trickle (leases, completions with a link each): far below twice the
-    # tables' sizes, so every call checks and none analyzes them again.
+    # A crawl's steady trickle (leases, completions with a link each): far below four times
+    # the tables' sizes, so every call checks and none analyzes them again.
     now = T0
     for _ in range(10):
         now += 1
@@ -855,11 +856,15 @@ def test_a_frontier_that_grows_several_fold_is_analyzed_and_one_that_does_not_is
     _counted(f, admin, schema, "urls", 1_000)
     f.lease("w", 1, now, 60, FAST)
     assert _analyzed(admin, schema, {"urls": 1}) == {"urls": 1}
-    # Tripled (10,000 more URLs, by another process: the server's counters count them too).
+    # Five times the size (20,000 more URLs, added by another process, which does not analyze
+    # them: the server's counters count them for every process).
+    monkeypatch.setattr(scheduler, "STATS_CHECK_SECONDS", 3600.0)
     g = _open(dsn, schema)
-    g.add([NewURL(f"http://h{h}/q{i}", f"http://h{h}") for h in range(500) for i in range(20)], T0)
-    _counted(g, admin, schema, "urls", 10_000)
+    g._stats_due_at = math.inf  # a process that has just checked
+    g.add([NewURL(f"http://h{h}/q{i}", f"http://h{h}") for h in range(500) for i in range(40)], T0)
+    _counted(g, admin, schema, "urls", 20_000)
     g.close()
+    monkeypatch.setattr(scheduler, "STATS_CHECK_SECONDS", 0.0)
     f.lease("w", 1, now, 60, FAST)
     assert _analyzed(admin, schema, {"urls": 2}) == {"urls": 2}
     f.close()
@@ -887,15 +892,17 @@ def test_statistics_are_checked_at_most_once_a_minute_or_after_a_bulk_insert(  #
     clock = [1000.0]
     monkeypatch.setattr(scheduler.time, "monotonic", lambda: clock[0])
     f = _open(dsn, new_schema())
-    f.add(_urls("http://a", 100), T0)
+    f.add(_urls("http://a", 100), T0)  # the process's first call checks
     for i in range(20):
         f.lease("w", 1, T0 + i, 60, FAST)
     assert len(checks) == 1
     clock[0] += scheduler.STATS_CHECK_SECONDS
     f.lease("w", 1, T0 + 30, 60, FAST)
     assert len(checks) == 2
-    f.add(_urls("http://b", 300), T0)
+    f.add(_urls("http://b", 200), T0)
     f.lease("w", 1, T0 + 31, 60, FAST)
+    assert len(checks) == 2
+    f.add(_urls("http://c", 100), T0)  # 300 URLs offered since the last check
     assert len(checks) == 3
     f.close()
 
@@ -924,9 +931,12 @@ def test_a_failed_analyze_fails_no_lease_or_completion(  # type: ignore[no-untyp
 
     monkeypatch.setattr(PgStore, "analyze", failing)
     schema = new_schema()
+    g = _open(dsn, schema)  # the seeding process, which does not check
+    g._stats_due_at = math.inf
+    g.add([NewURL(f"http://h{h}/p{i}", f"http://h{h}") for h in range(200) for i in range(10)], T0)
+    _counted(g, admin, schema, "urls", 2_000)
+    g.close()
     f = _open(dsn, schema)
-    f.add([NewURL(f"http://h{h}/p{i}", f"http://h{h}") for h in range(200) for i in range(10)], T0)
-    _counted(f, admin, schema, "urls", 2_000)
     with caplog.at_level("WARNING", logger="idemcrawl.frontier.scheduler"):
         leases = f.lease("w", 20, T0, 60, FAST)
     assert len(leases) == 20 and len(tries) == 1
