@@ -169,10 +169,13 @@ _INSERT_EVENTS = (
 
 #: ``Store.stale_tables``: the server's counters (every process's changes, kept whether or not
 #: autovacuum runs) against the row count the last analyze found (-1 before the first one).
+#: Read for this schema's tables only: the ``pg_stat_user_tables`` view fetches the counters of
+#: every table of the database.
 _STALE_TABLES = (
-    "SELECT s.relname FROM pg_stat_user_tables AS s JOIN pg_class AS c ON c.oid = s.relid "
-    "WHERE s.schemaname = current_schema() "
-    "AND s.n_mod_since_analyze >= GREATEST(%s, %s * GREATEST(c.reltuples, 0)) ORDER BY 1"
+    "SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
+    "AND relkind = 'r' "
+    "AND pg_stat_get_mod_since_analyze(oid) >= GREATEST(%s, %s * GREATEST(reltuples, 0)) "
+    "ORDER BY 1"
 )
 
 
