@@ -16,7 +16,6 @@ transaction (its rows and SQL dialect); the decisions are all made here, in Pyth
   latency average, an error backs the host off (circuit breaker), and every end of a request
   spaces the next start (I8); records, links, bodies, redirect loops, events and counters.
 * rounds (``reschedule_due``), ``requeue_deferred``, live ``control`` and partition fences.
-
 * **planner statistics** — a store whose engine plans from statistics (PostgreSQL) is asked now
   and then, between transactions, which of its tables changed several-fold since their last
   ANALYZE, and analyzes those (:meth:`Scheduler._keep_statistics`).
@@ -94,8 +93,8 @@ BLOCKED = "blocked by operator"
 #: changed since its last ANALYZE (by any process: the server's counters) reach STALE_FACTOR
 #: times its size then, and at least STALE_MIN_CHANGES: a table that grows fivefold, or is
 #: rewritten four times over. Rarely (an ANALYZE of urls reads a 30,000-row sample: 130 ms at
-#: 10^5 URLs), and never on statistics from a table a tenth of its size (level 1 on default
-#: statistics at 10^5 URLs: 72-146 ms a lease call; analyzed, 5-13 ms).
+#: 10^5 URLs), yet statistics never describe a table more than five times smaller than it is
+#: (level 1 on default statistics at 10^5 URLs: 72-146 ms a lease call; analyzed, 5-13 ms).
 STALE_MIN_CHANGES = 1_000
 STALE_FACTOR = 4.0
 #: The check (one read of the server's counters) runs before a lease call and after an ``add``
@@ -345,8 +344,8 @@ class Scheduler(Reads):
         analyze (manual or auto); returns them.
 
         Nothing else does it on a server running with ``autovacuum = off``, or whose autovacuum
-        lags a bulk seed, and then level 1 is planned on default statistics (72 ms a lease call
-        at 10^5 URLs instead of 7.5 ms). The decision reads the server's counters, so it is
+        lags a bulk seed, and then level 1 is planned on default statistics (72-146 ms a lease
+        call at 10^5 URLs instead of 5-13 ms). The decision reads the server's counters, so it is
         right for a fleet of processes sharing the crawl; each runs it between its own
         transactions, never inside a lease's, and a failure (the ANALYZE cancelled by its
         timeout, the connection lost) is logged and tried again later: it never fails a call.
