@@ -34,34 +34,6 @@ def test_full_crawl_stores_every_product_once(shop: ShopServer, tmp_path: Path) 
     assert max(stats["paths"].values()) == 1  # type: ignore[attr-defined]
 
 
-def test_crawl_threads_switch_the_gil_quickly_then_restore_it(
-    shop: ShopServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While the SQL thread runs, the event loop waits at most GIL_SWITCH_SECONDS for the GIL
-    (not CPython's 5 ms); the process's own interval is back once the crawl ends."""
-    import sys
-
-    from idemcrawl.engine import calls
-    from idemcrawl.frontier import sqlite
-
-    seen: list[float] = []
-    real_lease = sqlite.SQLiteFrontier.lease
-
-    def lease(self: sqlite.SQLiteFrontier, *args: object, **kwargs: object) -> object:
-        seen.append(sys.getswitchinterval())
-        return real_lease(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sqlite.SQLiteFrontier, "lease", lease)
-    before = sys.getswitchinterval()
-    assert run_crawl(crawl_config(tmp_path / "c.db", shop.seed_url)).finished
-    assert seen and set(seen) == {calls.GIL_SWITCH_SECONDS}
-    assert sys.getswitchinterval() == before
-    monkeypatch.setenv("IDEMCRAWL_GIL_SWITCH", "0.002")
-    seen.clear()
-    assert run_crawl(crawl_config(tmp_path / "d.db", shop.seed_url)).finished
-    assert set(seen) == {0.002}
-
-
 def test_parse_in_worker_processes(shop: ShopServer, tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     summary = run_crawl(crawl_config(db, shop.seed_url, parse_workers=1))

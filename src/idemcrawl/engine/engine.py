@@ -20,7 +20,7 @@ from ..parse import load_spider
 from ..waiting import work_left
 from ..warc import WarcStore
 from .archiver import Archiver
-from .calls import Call, inline, on_thread, quick_gil_switch
+from .calls import Call, inline, on_thread
 from .clock import Clock, SystemClock
 from .committer import Committer
 from .feeder import Feeder, FeederCore
@@ -126,7 +126,6 @@ class Engine:
             self._frontier = self._given_frontier
             return inline
         db_thread = concurrent.futures.ThreadPoolExecutor(1, "idemcrawl-db")
-        resources.enter_context(quick_gil_switch())  # restored after the thread is shut down
         resources.callback(db_thread.shutdown, wait=True)
         call = on_thread(db_thread)
         if self._given_frontier is not None:
