@@ -29,6 +29,7 @@ import os
 import random
 import re
 import zlib
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 from urllib.parse import urlsplit
@@ -377,6 +378,15 @@ class ExchangeSpec(NamedTuple):
     links_cut: bool
 
 
+def with_parse_facts(
+    metadata: dict[str, Any], *, parse_error: str | None, links: Sequence[str], records: int
+) -> dict[str, Any]:
+    """A page's metadata fields: the fetch facts ``metadata`` plus what its parse found. One
+    function for both builders (a parser process's :func:`build_page_exchange`, the crawl
+    process's archiver for the pages it builds itself), so their records cannot drift."""
+    return {**metadata, "parse_error": parse_error, "links": list(links), "records": records}
+
+
 def build_page_exchange(
     spec: ExchangeSpec,
     url: str,
@@ -388,12 +398,12 @@ def build_page_exchange(
     parse_error: str | None,
 ) -> BuiltExchange:
     """A parsed page's exchange, with the metadata record the crawl process would write."""
-    metadata = {
-        **spec.metadata,
-        "parse_error": parse_error,
-        "links": [] if spec.links_cut else links,
-        "records": records,
-    }
+    metadata = with_parse_facts(
+        spec.metadata,
+        parse_error=parse_error,
+        links=() if spec.links_cut else links,
+        records=records,
+    )
     return build_exchange(
         url=url,
         fetched_at=spec.fetched_at,

@@ -42,7 +42,7 @@ from ..warc import (
     payload_digest,
     store_download,
 )
-from ..warc_records import BuiltExchange, ExchangeSpec
+from ..warc_records import BuiltExchange, ExchangeSpec, with_parse_facts
 from .calls import Call
 from .clock import Clock
 
@@ -247,12 +247,14 @@ class Archiver:
         link_urls: Sequence[str],
         rendered: RenderResult | None,
     ) -> dict[str, Any]:
-        """The metadata record of a page built here (the parser process adds the same
-        parse facts in ``warc_records.build_page_exchange``)."""
-        metadata = self._metadata(lease, res)
-        metadata["parse_error"] = result.error
-        metadata["links"] = list(link_urls)
-        metadata["records"] = len(result.records)
+        """The metadata record of a page built here (a parser process builds the same
+        record in ``warc_records.build_page_exchange``)."""
+        metadata = with_parse_facts(
+            self._metadata(lease, res),
+            parse_error=result.error,
+            links=link_urls,
+            records=len(result.records),
+        )
         if rendered is not None:
             metadata["rendered"] = {
                 "cut_reason": rendered.cut_reason,
