@@ -271,3 +271,15 @@ def test_cli_sizes_default_to_the_curve_size_for_a_curve(
     assert curve[1] == (1, 2, 4, 8)
     assert (curve_hosts[0].hosts, curve_hosts[0].urls_per_host) == (7, 10)
     assert single[0] == FrontierBenchOptions(processes=3)  # the benchmark's own defaults
+
+
+def test_bench_schema_takes_the_given_schema_as_its_prefix() -> None:
+    # Users sharing a database own schemas of one prefix: the benchmark's throw-away schema
+    # starts with the one the URL names, and is never that schema itself (it is dropped).
+    from idemcrawl.lab.bench.frontier import bench_schema
+
+    dsn, schema = bench_schema("postgresql://127.0.0.1/test?schema=pgc_a")
+    assert dsn == "postgresql://127.0.0.1/test"
+    assert schema.startswith("pgc_a_") and len(schema) > len("pgc_a_")
+    assert bench_schema("postgresql://127.0.0.1/test?schema=pgc_a")[1] != schema
+    assert bench_schema("postgresql://127.0.0.1/test")[1].startswith("bench_")

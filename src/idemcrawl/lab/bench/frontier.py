@@ -118,8 +118,7 @@ def _database(db: str, tmp: str) -> Iterator[_Database]:
     if db == "sqlite":
         yield _Database("sqlite", os.path.join(tmp, "bench.db"))
     elif db.startswith(("postgresql://", "postgres://")):
-        dsn, _ = split_schema(db)  # the benchmark always uses a schema of its own
-        where = _Database("postgresql", dsn, "bench_" + uuid.uuid4().hex[:10])
+        where = _Database("postgresql", *bench_schema(db))
         try:
             yield where
         finally:
@@ -129,6 +128,15 @@ def _database(db: str, tmp: str) -> Iterator[_Database]:
         yield _Database("memory", "memory:bench-" + uuid.uuid4().hex[:10])
     else:
         raise ValueError(f"--db must be 'sqlite', 'memory:' or a postgresql:// URL, got {db!r}")
+
+
+def bench_schema(db: str) -> tuple[str, str]:
+    """The DSN and a fresh schema of the benchmark's own for ``db``. The benchmark never runs
+    in the schema ``db`` names (it drops its schema afterwards): the name is its prefix
+    (``?schema=pgc_a`` gives ``pgc_a_<hex>``), so that users sharing a database, who each own
+    schemas of one prefix, can run it; without one the prefix is ``bench``."""
+    dsn, schema = split_schema(db)
+    return dsn, f"{schema or 'bench'}_{uuid.uuid4().hex[:10]}"
 
 
 def _drop(where: _Database) -> None:
