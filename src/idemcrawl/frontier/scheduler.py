@@ -32,7 +32,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,11 @@ ROBOTS_COLUMNS = (
 ROBOTS_SLACK = 16
 
 BLOCKED = "blocked by operator"
+
+#: Level 1 (``Scheduler._ready_hosts``): a lease call of ``limit`` reads ``limit`` +
+#: READY_SLACK ready hosts first, and at most READY_REACH x ``limit`` + READY_SLACK in all.
+READY_SLACK = 8
+READY_REACH = 2
 
 #: Planner statistics (``Scheduler._keep_statistics``). A table is re-analyzed once the rows
 #: changed since its last ANALYZE (by any process: the server's counters) reach STALE_FACTOR
@@ -427,7 +432,7 @@ class Scheduler(Reads):
         grants: list[Grant] = []
         granted = 0
         day = budget_day(now)
-        ready = iter(s.ready_hosts(now, policy.max_in_flight, limit * 2 + 8))
+        ready = self._ready_hosts(s, now, policy, limit)
         while granted < limit:
             # Plan hosts until their shares cover what is left, then pick for all at once.
             plans: list[_Plan] = []
@@ -455,6 +460,25 @@ class Scheduler(Reads):
             s.grant(grants, owner, now, expires)
         s.bump("leases_granted", granted)
         return with_requests(s, [ls for g in grants for ls in g.leases])
+
+    @staticmethod
+    def _ready_hosts(s: Store, now: float, policy: HostPolicy, limit: int) -> Iterator[HostRow]:
+        """Level 1 for a lease call of ``limit``, read in two windows: first ``limit`` hosts
+        plus READY_SLACK, which covers the call whenever the ready hosts take a lease each;
+        only a call that planned them all with room left (hosts that took nothing: deferred,
+        robots.txt in flight, budget spent) reads the second, as far as READY_REACH hosts,
+        skipping those already seen. One read of the whole reach made PostgreSQL walk, test
+        and lock twice the hosts a call of 256 on 256 ready hosts used (7.5 ms of its 22 ms of
+        server CPU at 10^6 URLs, about half of it spent on the 264 hosts left unused)."""
+        first = limit + READY_SLACK
+        rows = s.ready_hosts(now, policy.max_in_flight, first)
+        yield from rows
+        if len(rows) < first:
+            return  # every ready host was in the first window
+        seen = {h.host_key for h in rows}
+        for h in s.ready_hosts(now, policy.max_in_flight, READY_REACH * limit + READY_SLACK):
+            if h.host_key not in seen:
+                yield h
 
     def _plan_host(
         self,
