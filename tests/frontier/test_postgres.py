@@ -396,6 +396,44 @@ def test_triggers_keep_host_counts_exact(dsn: str, new_schema, admin) -> None:  
     f.close()
 
 
+@pytest.mark.parametrize("by_id", [True, False])
+def test_grants_write_the_same_rows_by_host_id_or_by_key(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, admin, monkeypatch: pytest.MonkeyPatch, by_id: bool
+) -> None:
+    # A lease call finds its hosts by the ids level 1 read (PgStore._ids); without them (any
+    # other caller of grant) by key. Both write the same lease log, tokens and budgets.
+    from psycopg import sql
+
+    from idemcrawl.frontier.postgres_store import PgStore
+
+    seen: list[list[int] | None] = []
+    real = PgStore._ids
+
+    def ids(self: PgStore, keys: Any) -> list[int] | None:
+        seen.append(real(self, keys) if by_id else None)
+        return seen[-1]
+
+    monkeypatch.setattr(PgStore, "_ids", ids)
+    schema = new_schema()
+    f = _open(dsn, schema)
+    f.add(_urls("http://a", 2) + _urls("http://b", 2), T0)
+    leases = f.lease("w", 4, T0, 30, HostPolicy(max_in_flight=1, delay=5.0))
+    assert sorted(ls.host_key for ls in leases) == ["http://a", "http://b"]
+    assert seen and all((s is not None) == by_id for s in seen)
+    for host in ("http://a", "http://b"):
+        row = f.host_row(host)
+        assert row is not None
+        assert (row["next_allowed_at"], row["budget_used"]) == (T0 + 5.0, 1)
+    logged = admin.execute(
+        sql.SQL(
+            "SELECT h.host_key, l.url_id FROM {s}.lease_log l "
+            "JOIN {s}.hosts h ON h.host_id = l.host_id ORDER BY 1"
+        ).format(s=sql.Identifier(schema))
+    ).fetchall()
+    assert logged == sorted((ls.host_key, ls.url_id) for ls in leases)
+    f.close()
+
+
 # -- connection loss ----------------------------------------------------------------------------
 
 
