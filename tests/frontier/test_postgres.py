@@ -434,6 +434,39 @@ def test_grants_write_the_same_rows_by_host_id_or_by_key(  # type: ignore[no-unt
     f.close()
 
 
+def test_a_completion_reads_its_hosts_once_and_updates_them_by_id(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The completion's lock of its hosts (and its links' hosts) keeps their ids: the links'
+    # insert does not read them again, and the hosts' new state is written by id.
+    import psycopg
+
+    from idemcrawl.frontier import postgres_store
+
+    f = _open(dsn, new_schema())
+    f.add(_urls("http://a", 2) + _urls("http://b", 2), T0)
+    leases = f.lease("w", 2, T0, 30, HostPolicy(max_in_flight=1, delay=0.0))
+    assert len(leases) == 2
+    sent: list[str] = []
+    real = psycopg.Cursor.execute
+
+    def execute(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
+        sent.append(str(query))
+        return real(self, query, *args, **kw)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    links = [NewURL("http://a/new", "http://a"), NewURL("http://b/new", "http://b")]
+    done = [Completion(ls, 200, T0 + 1, links=links, latency=0.5) for ls in leases]
+    assert f.complete(done, T0 + 1, FAST) == [True, True]
+    assert postgres_store._HOST_IDS not in sent
+    assert any("WHERE h.host_id = v.host" in q for q in sent)
+    for host in ("http://a", "http://b"):
+        row = f.host_row(host)
+        assert row is not None and row["latency_ewma"] == pytest.approx(0.5), host
+    assert f.url_row("http://a/new") is not None and f.url_row("http://b/new") is not None
+    f.close()
+
+
 # -- connection loss ----------------------------------------------------------------------------
 
 

@@ -12,13 +12,13 @@ connection, transactions and retries are ``postgres.py``'s.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..politeness import MAX_STREAK_SHIFT
 from .base import Completion, NewURL
 from .sql import SQLStore
-from .sql_dialect import PICK_COLS, POSTGRES, READY_HOSTS
+from .sql_dialect import HOST_COLS, PICK_COLS, POSTGRES, READY_HOSTS
 from .store import DONE_COLUMNS, PICK_COLUMNS, Grant, HostRow, PickRow, done_values
 
 if TYPE_CHECKING:
@@ -262,13 +262,39 @@ class PgStore(SQLStore):
         return max(self.cur.rowcount, 0)
 
     def host_ids(self, keys: Sequence[str]) -> dict[str, int]:
-        """The ids of the hosts ``keys`` (sorted), creating the missing rows first."""
-        ids = {k: int(i) for k, i in self.cur.execute(_HOST_IDS, (list(keys),)).fetchall()}
-        missing = [k for k in keys if k not in ids]
+        """The ids of the hosts ``keys`` (sorted), creating the missing rows first. Ids this
+        transaction already read (``lock_hosts``, level 1) are not read again: a completion
+        batch has locked the hosts of its links before it inserts them."""
+        known = self._host_id
+        ids = {k: known[k] for k in keys if k in known}
+        unread = [k for k in keys if k not in ids]
+        if unread:
+            ids.update((k, int(i)) for k, i in self.cur.execute(_HOST_IDS, (unread,)).fetchall())
+        missing = [k for k in unread if k not in ids]
         if missing:
             self.cur.execute(_INSERT_HOSTS, (missing,))
             ids.update((k, int(i)) for k, i in self.cur.execute(_HOST_IDS, (missing,)).fetchall())
         return ids
+
+    def lock_hosts(
+        self, keys: Iterable[str], *, read: Iterable[str] = (), skip_locked: bool = False
+    ) -> dict[str, HostRow]:
+        """``SQLStore.lock_hosts`` (in key order, one statement), keeping the ids of every
+        host it locked for ``host_ids``."""
+        wanted = set(read)
+        ordered = sorted(set(keys) | wanted)
+        out: dict[str, HostRow] = {}
+        if not ordered:
+            return out
+        lock = "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
+        rows = self.cur.execute(
+            f"SELECT host_id, {HOST_COLS} FROM hosts WHERE host_key = ANY(%b::text[]) "
+            f"ORDER BY host_key {lock}",
+            (ordered,),
+        ).fetchall()
+        self._host_id.update((r[1], int(r[0])) for r in rows)
+        out.update((r[1], HostRow(*r[1:])) for r in rows if r[1] in wanted)
+        return out
 
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         """Level 1 (``sql_dialect.READY_HOSTS``), keeping the ids of the hosts it read."""
@@ -380,13 +406,18 @@ class PgStore(SQLStore):
             return
         if not set(columns) <= set(_HOST_TYPES):
             raise ValueError(f"not host columns: {columns}")
-        types = [_HOST_TYPES[c] for c in columns] + ["text"]
+        # By id when this transaction read them all (a completion locked its hosts first).
+        ids = self._ids(keys)
+        types = [_HOST_TYPES[c] for c in columns] + ["text" if ids is None else "int"]
         names = [f"c{i}" for i in range(len(columns))]
         sets = ", ".join(f"{c} = v.{n}" for c, n in zip(columns, names, strict=True))
+        column = "host_key" if ids is None else "host_id"
+        params = _columns([r[:-1] for r in rows], types[:-1])
+        params.append(keys if ids is None else ids)
         self.cur.execute(
             f"UPDATE hosts AS h SET {sets} FROM unnest({_arrays(types)}) "
-            f"AS v({', '.join(names)}, host_key) WHERE h.host_key = v.host_key",
-            _columns(rows, types),
+            f"AS v({', '.join(names)}, host) WHERE h.{column} = v.host",
+            params,
         )
 
     def stale_tables(self, min_changes: int, factor: float) -> list[str]:
