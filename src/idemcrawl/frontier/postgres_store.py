@@ -229,7 +229,7 @@ class PgStore(SQLStore):
     def __init__(self, cur: Cursor[Any], pipelines: bool) -> None:
         super().__init__(cur, POSTGRES)
         self._pipelines = pipelines
-        #: host_key -> host_id of the hosts level 1 read in this transaction.
+        #: host_key -> host_id of the hosts this transaction read (level 1, lock_hosts).
         self._host_id: dict[str, int] = {}
 
     def _pipeline(self) -> contextlib.AbstractContextManager[Any]:
@@ -334,7 +334,7 @@ class PgStore(SQLStore):
         return out
 
     def _ids(self, keys: Sequence[str]) -> list[int] | None:
-        """The ids of ``keys`` if level 1 read every one of them in this transaction."""
+        """The ids of ``keys`` if this transaction read every one of them (level 1, a lock)."""
         known = self._host_id
         if not all(k in known for k in keys):
             return None
