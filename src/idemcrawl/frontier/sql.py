@@ -10,6 +10,7 @@ the operations it does set-based with ``unnest`` and its locking hooks, nothing 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -157,13 +158,23 @@ class SQLStore:
     def pick_urls(
         self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
     ) -> dict[str, list[PickRow]]:
-        out: dict[str, list[PickRow]] = {}
-        for host_key, limit, exclude in wants:
-            rows = self._x(PICK_URLS, (host_key, now, limit + len(exclude))).fetchall()
-            if exclude:
-                skip = set(exclude)
-                rows = [r for r in rows if r[0] not in skip]
-            out[host_key] = rows[:limit]
+        """All hosts in one statement per distinct number of rows asked (``PICK_URLS``; in a
+        lease call nearly every host asks for the same few); rows picked in an earlier round of
+        the call are asked for again and dropped here."""
+        out: dict[str, list[PickRow]] = {key: [] for key, _, _ in wants}
+        by_limit: dict[int, list[str]] = {}
+        for key, n, exclude in wants:
+            by_limit.setdefault(n + len(exclude), []).append(key)
+        limits = {key: (n, set(exclude)) for key, n, exclude in wants}
+        for limit, keys in sorted(by_limit.items()):
+            if limit <= 0:
+                continue
+            for r in self._x(PICK_URLS, (json.dumps(keys), now, limit)).fetchall():
+                key = r[0]
+                n, skip = limits[key]
+                picked = out[key]
+                if len(picked) < n and r[1] not in skip:
+                    picked.append(r[1:])
         return out
 
     def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None:

@@ -129,9 +129,21 @@ DONE_SET = ", ".join(
 )
 FENCE = "url_id = ? AND state = 'leased' AND version = ? AND lease_token = ?"
 FINISH = f"UPDATE urls SET {DONE_SET} WHERE {FENCE}"
+#: Level 2 for many hosts in one statement (SQLite's; ``PgStore`` has its own over ``unnest``):
+#: the hosts come as one JSON array of keys (``json_each``: one SQL text whatever the number of
+#: hosts, so the statement is prepared once), each host's first ``?`` due queued page URLs by
+#: urls_queue's order. SQLite has no LATERAL and no per-row LIMIT, so the hosts of one call are
+#: grouped by how many URLs they want (``SQLStore.pick_urls``), and the final ORDER BY puts each
+#: host's rows back in the index's order (priority, due time, then url_id, as the index ties).
+#: CROSS JOIN fixes the join order: keys, their host ids, then each host's picks. One statement
+#: instead of one per host: 1.2 ms against 2.9 ms for 256 hosts at 10^5 URLs (issue 14).
 PICK_URLS = (
-    f"SELECT {PICK_COLS} FROM urls WHERE host_id = {HOST_ID} AND state = 'queued' AND due_at <= ? "
-    "AND kind <> 'robots' ORDER BY priority DESC, due_at LIMIT ? FOR UPDATE SKIP LOCKED"
+    f"SELECT j.value, {cols(PICK_COLUMNS, 'u.')} FROM json_each(?) AS j "
+    "CROSS JOIN hosts AS h CROSS JOIN urls AS u "
+    "WHERE h.host_key = j.value AND u.url_id IN (SELECT q.url_id FROM urls AS q "
+    "INDEXED BY urls_queue WHERE q.host_id = h.host_id AND q.state = 'queued' AND q.due_at <= ? "
+    "AND q.kind <> 'robots' ORDER BY q.priority DESC, q.due_at LIMIT ?) "
+    "ORDER BY j.id, u.priority DESC, u.due_at, u.url_id"
 )
 
 UPSERT_RECORD = (
