@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
-from idemcrawl.frontier.base import FrontierError
+from idemcrawl.frontier import sqlite as sqlite_mod
+from idemcrawl.frontier.base import FrontierError, NewURL
 from idemcrawl.frontier.sqlite import SCHEMA_VERSION, SQLiteFrontier
 
 
@@ -143,3 +145,25 @@ def test_a_version_5_crawl_migrates_to_host_ids_and_state_totals(tmp_path: Path)
         check_migrated(f)
     finally:
         f.close()
+
+
+def test_a_thread_checkpoints_the_wal_outside_the_commits(tmp_path: Path) -> None:
+    """Write commits wake the frontier's checkpoint thread (its own connection); the connection
+    itself checkpoints only past the backstop size, and close() ends the thread."""
+    path = str(tmp_path / "c.db")
+    f = SQLiteFrontier(path)
+    assert f._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == sqlite_mod._BACKSTOP_PAGES
+    f.add([NewURL(f"http://h/{i}", "http://h") for i in range(500)], 1.0)
+    deadline = time.monotonic() + 30
+    while f._checkpointer.checkpoints == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert f._checkpointer.checkpoints >= 1
+    # everything committed so far is in the database file: a checkpoint has nothing left
+    con = sqlite3.connect(path)
+    busy, frames, done = con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    con.close()
+    assert busy == 0 and frames == done
+    thread = f._checkpointer._thread
+    assert thread is not None and thread.is_alive()
+    f.close()
+    assert not thread.is_alive()

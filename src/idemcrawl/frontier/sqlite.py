@@ -12,6 +12,13 @@ Why these settings:
   That is also why the scheduler's "locks" are plain reads here: the whole file is the lock.
 * ``hosts.in_flight`` and ``hosts.queued`` are maintained by triggers on ``urls.state`` so the host
   token state can never drift from the URL states it summarises (invariant I6).
+* The WAL is checkpointed by a thread of the frontier's own (:class:`_Checkpointer`, its own
+  connection, ``wal_checkpoint(PASSIVE)``), woken by write commits, not inside the commit that
+  crosses SQLite's autocheckpoint size: a checkpoint copies the WAL into the database and, at
+  ``synchronous=NORMAL``, fsyncs both files, and done by the committing call that wait was part
+  of every lease or completion that happened to cross it (issue 14: 2-22 ms of wall time per
+  COMMIT on a shared disk, against 1-2 ms of CPU). The connection keeps a far larger
+  autocheckpoint as a backstop, should the thread fall behind.
 
 The policy is ``scheduler.py``'s and the SQL is ``sql.py``'s (SQLite dialect); this module is the
 connection, the transaction and the schema.
@@ -19,6 +26,7 @@ connection, the transaction and the schema.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sqlite3
@@ -34,6 +42,8 @@ from .sql_dialect import SQLITE
 from .store import SCHEMA_VERSION
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # The schema covers the whole SPEC; later features fill in columns that are already here.
 MIGRATIONS: list[str] = [
@@ -383,6 +393,86 @@ END;
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 _BUSY_TIMEOUT_MS = 60_000
+#: WAL pages after which a committing connection checkpoints by itself (SQLite's default is
+#: 1,000): only when the checkpoint thread has not kept up (64 MB of WAL).
+_BACKSTOP_PAGES = 16_384
+#: A WAL file that grew beyond this is truncated back to it when it restarts from its beginning.
+_WAL_SIZE_LIMIT = 64 << 20
+#: The checkpoint thread runs at most this often (seconds): a checkpoint then covers several
+#: commits, and a page they all wrote (host rows, counters, index tails) is copied once.
+_CHECKPOINT_INTERVAL = 0.1
+#: WAL pages (16 MB) past which the thread lets the WAL restart (``_Checkpointer``).
+_RESTART_PAGES = 4_096
+
+
+class _Checkpointer:
+    """Checkpoints one database's WAL from a thread and connection of its own.
+
+    ``kick`` (after each write commit) wakes it; it runs ``PRAGMA wal_checkpoint(PASSIVE)``,
+    which copies the committed frames no reader still needs into the database file without
+    blocking writers or readers, then rests ``_CHECKPOINT_INTERVAL``. The GIL is released while
+    SQLite works, so the caller's thread goes on meanwhile.
+
+    SQLite restarts the WAL from its beginning at a write transaction's start only if a
+    checkpoint copied all of it; while this process keeps committing, some commit nearly always
+    lands during the checkpoint and the file would grow to the backstop. So once the WAL holds
+    ``_RESTART_PAGES``, the thread copies the few frames committed meanwhile once more while
+    holding the frontier's transaction lock (``lock``): no commit of this process in between,
+    and the next write starts the WAL over.
+    """
+
+    def __init__(self, path: str, lock: threading.Lock) -> None:
+        self._path = path
+        self._lock = lock
+        self._kicked = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Checkpoints run, and those run under the lock to let the WAL restart.
+        self.checkpoints = 0
+        self.catch_ups = 0
+
+    def kick(self) -> None:
+        if self._thread is None:  # started by the first write, not by read-only opens
+            self._thread = threading.Thread(
+                target=self._main, name="idemcrawl-sqlite-checkpoint", daemon=True
+            )
+            self._thread.start()
+        self._kicked.set()
+
+    def _main(self) -> None:
+        try:
+            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error:
+            log.warning("cannot open %s for checkpoints; the connection does them", self._path)
+            return
+        try:
+            # A checkpoint waits for no lock: whatever it cannot do now, the next one does.
+            db.execute("PRAGMA busy_timeout=0")
+            while True:
+                self._kicked.wait()
+                if self._stopping.is_set():
+                    return
+                self._kicked.clear()
+                try:
+                    _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self.checkpoints += 1
+                    if frames >= _RESTART_PAGES:
+                        with self._lock:
+                            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                        self.catch_ups += 1
+                except sqlite3.Error as exc:  # busy, or the file went away: try next time
+                    log.debug("checkpoint of %s skipped: %s", self._path, exc)
+                if self._stopping.wait(_CHECKPOINT_INTERVAL):
+                    return
+        finally:
+            db.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._kicked.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 class SQLiteFrontier(Scheduler):
@@ -411,6 +501,8 @@ class SQLiteFrontier(Scheduler):
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=OFF")
+                self._db.execute(f"PRAGMA wal_autocheckpoint={_BACKSTOP_PAGES}")
+                self._db.execute(f"PRAGMA journal_size_limit={_WAL_SIZE_LIMIT}")
                 self._migrate()
                 break
             except sqlite3.OperationalError as exc:
@@ -426,6 +518,7 @@ class SQLiteFrontier(Scheduler):
                 raise FrontierError(f"cannot open crawl database {path!r}: {exc}") from exc
         self._lock = threading.Lock()
         self._rng = rng if rng is not None else random.Random()
+        self._checkpointer = _Checkpointer(path, self._lock)
 
     def migrate(self) -> int:
         """The schema version (opening the file already brought it up to date)."""
@@ -487,9 +580,12 @@ class SQLiteFrontier(Scheduler):
                 raise
             if begin is not None:
                 self._db.execute("COMMIT")
+            if write:
+                self._checkpointer.kick()
             return result
 
     def close(self) -> None:
+        self._checkpointer.stop()
         with self._lock:
             self._db.close()
 
