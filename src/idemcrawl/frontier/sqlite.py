@@ -393,6 +393,13 @@ END;
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 _BUSY_TIMEOUT_MS = 60_000
+#: The connection's page cache (KiB; SQLite's default is 2,000). A completion batch's links land
+#: on random pages of the URL key index and its updates on random URL rows: at 10^6 URLs one
+#: batch touches more pages than 2 MB hold, and a page evicted within the batch is read back
+#: from the OS. 64 MB: 2.6 % fewer instructions over 40 lease-and-complete cycles at 10^6 URLs
+#: (cachegrind), the reads' system calls aside. It fills only as pages are read, and stays
+#: valid across this connection's own transactions.
+_CACHE_KIB = 65_536
 #: WAL pages after which a committing connection checkpoints by itself (SQLite's default is
 #: 1,000): only when the checkpoint thread has not kept up (64 MB of WAL).
 _BACKSTOP_PAGES = 16_384
@@ -501,6 +508,7 @@ class SQLiteFrontier(Scheduler):
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=OFF")
+                self._db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
                 self._db.execute(f"PRAGMA wal_autocheckpoint={_BACKSTOP_PAGES}")
                 self._db.execute(f"PRAGMA journal_size_limit={_WAL_SIZE_LIMIT}")
                 self._migrate()
