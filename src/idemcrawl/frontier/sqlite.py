@@ -404,12 +404,12 @@ _CACHE_KIB = 65_536
 #: 1,000): only when the checkpoint thread has not kept up (64 MB of WAL).
 _BACKSTOP_PAGES = 16_384
 #: A WAL file that grew beyond this is truncated back to it when it restarts from its beginning.
-_WAL_SIZE_LIMIT = 64 << 20
+_WAL_SIZE_LIMIT = 16 << 20
 #: The checkpoint thread runs at most this often (seconds): a checkpoint then covers several
 #: commits, and a page they all wrote (host rows, counters, index tails) is copied once.
 _CHECKPOINT_INTERVAL = 0.1
-#: WAL pages (16 MB) past which the thread lets the WAL restart (``_Checkpointer``).
-_RESTART_PAGES = 4_096
+#: WAL pages (8 MB) past which a write lets the WAL restart (``_Checkpointer``).
+_RESTART_PAGES = 2_048
 
 
 class _Checkpointer:
@@ -422,19 +422,22 @@ class _Checkpointer:
 
     SQLite restarts the WAL from its beginning at a write transaction's start only if a
     checkpoint copied all of it; while this process keeps committing, some commit nearly always
-    lands during the checkpoint and the file would grow to the backstop. So once the WAL holds
-    ``_RESTART_PAGES``, the thread copies the few frames committed meanwhile once more while
-    holding the frontier's transaction lock (``lock``): no commit of this process in between,
-    and the next write starts the WAL over.
+    lands during the checkpoint and the file would grow to the backstop. So once a checkpoint
+    saw the WAL at ``_RESTART_PAGES`` it sets ``restart_due``, and the frontier's next write,
+    right after its COMMIT and still holding its lock, copies the few frames committed since
+    (``SQLiteFrontier._run``): the next write then starts the WAL over. (The thread taking the
+    frontier's lock itself starved: a caller that leases and completes back to back takes the
+    lock again before the waiting thread gets the GIL, and the WAL grew to 44 MB.)
     """
 
-    def __init__(self, path: str, lock: threading.Lock) -> None:
+    def __init__(self, path: str) -> None:
         self._path = path
-        self._lock = lock
         self._kicked = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Checkpoints run, and those run under the lock to let the WAL restart.
+        #: Set by the thread, cleared by the write that does the catch-up checkpoint.
+        self.restart_due = False
+        #: Checkpoints run by the thread, and catch-ups run by writes.
         self.checkpoints = 0
         self.catch_ups = 0
 
@@ -462,11 +465,9 @@ class _Checkpointer:
                 self._kicked.clear()
                 try:
                     _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    self.checkpoints += 1
                     if frames >= _RESTART_PAGES:
-                        with self._lock:
-                            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                        self.catch_ups += 1
+                        self.restart_due = True
+                    self.checkpoints += 1
                 except sqlite3.Error as exc:  # busy, or the file went away: try next time
                     log.debug("checkpoint of %s skipped: %s", self._path, exc)
                 if self._stopping.wait(_CHECKPOINT_INTERVAL):
@@ -526,7 +527,7 @@ class SQLiteFrontier(Scheduler):
                 raise FrontierError(f"cannot open crawl database {path!r}: {exc}") from exc
         self._lock = threading.Lock()
         self._rng = rng if rng is not None else random.Random()
-        self._checkpointer = _Checkpointer(path, self._lock)
+        self._checkpointer = _Checkpointer(path)
 
     def migrate(self) -> int:
         """The schema version (opening the file already brought it up to date)."""
@@ -589,7 +590,12 @@ class SQLiteFrontier(Scheduler):
             if begin is not None:
                 self._db.execute("COMMIT")
             if write:
-                self._checkpointer.kick()
+                ckpt = self._checkpointer
+                if ckpt.restart_due:  # the frames since the thread's checkpoint (_Checkpointer)
+                    ckpt.restart_due = False
+                    ckpt.catch_ups += 1
+                    self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                ckpt.kick()
             return result
 
     def close(self) -> None:
