@@ -6,6 +6,7 @@ import multiprocessing
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,29 @@ def test_a_thread_checkpoints_the_wal_outside_the_commits(
     assert thread is not None and thread.is_alive()
     f.close()
     assert not thread.is_alive()
+
+
+def test_a_failed_catch_up_checkpoint_does_not_fail_the_committed_write(tmp_path: Path) -> None:
+    """The catch-up checkpoint runs after COMMIT: its failure is logged, and the committed call
+    returns its result (raising would report a committed write as failed)."""
+    f = SQLiteFrontier(str(tmp_path / "c.db"))
+    real = f._db
+
+    class FailingCheckpoints:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if "wal_checkpoint" in sql:
+                raise sqlite3.OperationalError("disk I/O error")
+            return real.execute(sql, *args)
+
+    f._db = FailingCheckpoints()  # type: ignore[assignment]
+    f._checkpointer.restart_due = True
+    try:
+        assert f.add([NewURL("http://h/x", "http://h")], 1.0) == 1
+        assert f._checkpointer.catch_ups == 1
+    finally:
+        f._db = real
+        f.close()
+    assert SQLiteFrontier(str(tmp_path / "c.db")).stats().urls_by_state["queued"] == 1
