@@ -260,20 +260,33 @@ def test_run_bench_tiny_site() -> None:
     assert len(lines) == 1 + len(report.runs)
 
 
-def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run() -> None:
+def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from tests.frontier.conftest import PG_DSN, require_postgres
 
     require_postgres()
     import psycopg
 
+    # Only this test's own schemas are checked: other benchmarks or test sessions sharing the
+    # server may have theirs open at the same moment.
+    used: list[str] = []
+    real = bench._with_schema
+
+    def spy(dsn: str, schema: str) -> str:
+        used.append(schema)
+        return real(dsn, schema)
+
+    monkeypatch.setattr(bench, "_with_schema", spy)
     opts = BenchOptions(hosts=1, pages=10, page_kb=2, links=4, db=PG_DSN, compare=(), runs=2)
     report = run_bench(opts)
     assert [(r.ok, r.pages, r.robots, r.items) for r in report.runs] == [(True, 10, 1, 10)] * 2
+    assert len(set(used)) == 2 and all(s.startswith("bench_crawl_") for s in used), used
     with psycopg.connect(PG_DSN) as con:
         left = con.execute(
-            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_crawl_%'"
-        ).fetchone()
-    assert left == (0,), "each run's schema is dropped after the run"
+            "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (used,)
+        ).fetchall()
+    assert left == [], "each run's schema is dropped after the run"
 
 
 def _run(tool: str, rnd: int, **kw: object) -> bench.RunResult:
