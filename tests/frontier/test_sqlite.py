@@ -195,3 +195,27 @@ def test_a_failed_catch_up_checkpoint_does_not_fail_the_committed_write(tmp_path
         f._db = real
         f.close()
     assert SQLiteFrontier(str(tmp_path / "c.db")).stats().urls_by_state["queued"] == 1
+
+
+def test_none_is_bound_as_null_through_a_registered_adapter(tmp_path: Path) -> None:
+    """The backend registers an adapter for None (the sqlite3 module otherwise looks up and
+    fails two protocol attributes per None bound); the value stored is still NULL, on every
+    statement shape the frontier uses (single, executemany, multi-row VALUES)."""
+    assert (type(None), sqlite3.PrepareProtocol) in sqlite3.adapters
+    con = sqlite3.connect(tmp_path / "n.db")
+    con.execute("CREATE TABLE t (a INTEGER, b TEXT)")
+    con.execute("INSERT INTO t VALUES (?, ?)", (1, None))
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(2, None), (3, "x")])
+    con.execute("INSERT INTO t VALUES (?, ?), (?, ?)", (4, None, None, None))
+    rows = con.execute("SELECT a, b, typeof(b) FROM t ORDER BY a IS NULL, a").fetchall()
+    assert rows == [
+        (1, None, "null"), (2, None, "null"), (3, "x", "text"), (4, None, "null"),
+        (None, None, "null"),
+    ]  # fmt: skip
+    con.close()
+    f = SQLiteFrontier(str(tmp_path / "c.db"))
+    try:
+        f.add([NewURL("http://a/x", "http://a")], 1.0)
+        assert f.url_row("http://a/x")["reason"] is None  # type: ignore[index]
+    finally:
+        f.close()
