@@ -458,6 +458,97 @@ def test_per_state_totals_equal_a_count_of_the_rows(frontier: Frontier) -> None:
     assert frontier.stats().urls_by_state["deferred"] == 0
 
 
+def test_host_counts_equal_a_count_of_the_rows_after_every_move(frontier: Frontier) -> None:
+    """I6: every host's queued and in_flight equal its queued and leased URLs after each kind
+    of state move. On SQLite since schema 8 the grant (queued -> leased) and the completion
+    (leased -> done) count them in their own host writes, and a row trigger the other moves:
+    robots.txt queued and leased, disallowed URLs, completions (one rejected as a duplicate),
+    retries and final failures, expiry, release, block and unblock, the daily budget's
+    deferral, requeue_deferred, a new round and a reparse."""
+    from idemcrawl.frontier.base import Reparsed, RobotsFetch
+    from idemcrawl.robots import RobotsCache, RobotsSettings
+
+    def check() -> None:
+        counted: dict[str, list[int]] = {}
+        for row in frontier.url_rows():
+            c = counted.setdefault(row["host_key"], [0, 0])
+            c[0] += row["state"] == "queued"
+            c[1] += row["state"] == "leased"
+        kept = {h["host_key"]: [h["queued"], h["in_flight"]] for h in frontier.host_rows()}
+        assert {k: v for k, v in kept.items() if v != [0, 0]} == {
+            k: v for k, v in counted.items() if v != [0, 0]
+        }
+        assert frontier.stats().urls_by_state == _counted(frontier)
+
+    robots = HostPolicy(max_in_flight=8, delay=0.0, robots=RobotsCache(RobotsSettings()))
+    frontier.add(urls("http://a", 4) + urls("http://b", 3) + [NewURL("http://r/x/1", "http://r")]
+                 + [NewURL("http://r/ok", "http://r")], T0)  # fmt: skip
+    check()
+    rts = frontier.lease("w", 8, T0, 30, robots)  # the robots.txt of each host: queued, leased
+    assert sorted(ls.url for ls in rts) == [f"http://{h}/robots.txt" for h in "abr"]
+    check()
+    deny = b"User-agent: *\nDisallow: /x\n"
+    frontier.complete(
+        [Completion(ls, 200, T0, robots=RobotsFetch(200, deny)) for ls in rts], T0, robots
+    )
+    check()
+    leased = frontier.lease("w", 20, T0 + 1, 30, robots)  # http://r/x/1 becomes disallowed
+    assert frontier.url_row("http://r/x/1")["state"] == "disallowed"  # type: ignore[index]
+    assert len(leased) == 8  # a: 4, b: 3, r: 1
+    check()
+    by_host: dict[str, list[Any]] = {}
+    for ls in leased:
+        by_host.setdefault(ls.host_key, []).append(ls)
+    a0, a1, a2, _ = by_host["http://a"]
+    rec = RecordWrite.make("s", "k", {"x": 1})
+    done = [
+        Completion(a0, 200, T0 + 2, [rec], urls("http://a", 2, start=10), "h", 10,
+                   next_fetch_at=T0 + 5),
+        Completion(a0, 200, T0 + 2),  # the same lease twice: once only
+        Completion(by_host["http://r"][0], 200, T0 + 2, [], urls("http://c", 2)),
+    ]  # fmt: skip
+    assert frontier.complete(done, T0 + 2, FAST) == [True, False, True]
+    check()
+    assert frontier.complete([Completion(a0, 200, T0 + 3)], T0 + 3, FAST) == [False]
+    check()
+    assert frontier.fail([Failure(a1, "timeout", retry_at=T0 + 3)], T0 + 2, FAST) == [True]
+    assert frontier.fail([Failure(a2, "gone", retry_at=None)], T0 + 2, FAST) == [True]
+    check()
+    assert frontier.expire(T0 + 40) == 4  # a3 and the b leases
+    check()
+    assert frontier.lease("other", 3, T0 + 41, 30, FAST)
+    check()
+    assert frontier.release_owner("other") > 0
+    check()
+    frontier.control("block", "http://b")
+    check()
+    frontier.control("unblock", "http://b")
+    check()
+    frontier.control("set-budget", "http://c", 0)
+    assert not [ls for ls in frontier.lease("w", 20, T0 + 42, 30, FAST) if "//c" in ls.url]
+    assert frontier.stats().urls_by_state["deferred"] == 2  # http://c's two, by the budget
+    check()
+    frontier.control("set-budget", "http://c", 100)
+    assert frontier.requeue_deferred() == 2
+    check()
+    assert frontier.reschedule_due(T0 + 50, 10) == 1  # a0's next round
+    check()
+    frontier.apply_reparse([Reparsed(a2.url_id, a2.url, [], [NewURL("http://d/1", "http://d")])],
+                           T0 + 51)  # fmt: skip
+    assert frontier.url_row(a2.url)["state"] == "done"  # type: ignore[index]
+    check()
+    # A completion that changes nothing else of its host (no latency, the end gap within the
+    # grant's spacing): its host's count is still lowered (SQLite: at the end of the batch).
+    frontier.add([NewURL("http://p/1", "http://p")], T0 + 60)
+    (p1,) = [ls for ls in frontier.lease("w", 50, T0 + 60, 30, POLITE) if ls.host_key == "http://p"]
+    check()
+    before = {h["host_key"]: h for h in frontier.host_rows()}["http://p"]
+    assert frontier.complete([Completion(p1, 200, T0 + 60)], T0 + 60, POLITE) == [True]
+    after = {h["host_key"]: h for h in frontier.host_rows()}["http://p"]
+    assert {k: v for k, v in after.items() if before[k] != v} == {"in_flight": 0}
+    check()
+
+
 def test_next_due_is_never_later_than_a_queued_url(frontier: Frontier) -> None:
     """``Progress.next_due_at`` (a per-host hint on the SQL backends since schema 6): no later
     than any queued URL's due time, exact when a host's queue starts again from empty."""

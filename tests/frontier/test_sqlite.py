@@ -100,7 +100,7 @@ def test_a_version_4_crawl_migrates_and_keeps_counting_its_hosts(tmp_path: Path)
         triggers = f._db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
         ).fetchall()
-        assert triggers == [("urls_state",), ("urls_state_total",)]
+        assert triggers == [("urls_state",)]  # one since version 8
         new = [NewURL(f"http://a/{i}", "http://a") for i in range(5)]
         new += [NewURL("http://b/x", "http://b", state="rejected", reason="trap")]
         assert f.add(new, 1.0) == 5  # http://a/1 was there
@@ -144,6 +144,58 @@ def test_a_version_5_crawl_migrates_to_host_ids_and_state_totals(tmp_path: Path)
         assert not {"urls_state", "urls_due"} & indexes
         assert {"urls_queue", "urls_deferred"} <= indexes
         check_migrated(f)
+    finally:
+        f.close()
+
+
+def test_a_version_7_crawl_migrates_to_counting_grants_and_completions(tmp_path: Path) -> None:
+    """Version 8 leaves the two moves of every page (grant, completion) to their statements
+    and keeps one row trigger for the rest: a crawl written by version 7 keeps its rows and
+    counts, and every move after the upgrade keeps them equal to the rows (I6)."""
+    from idemcrawl.frontier.base import Completion, HostPolicy
+    from idemcrawl.frontier.sqlite import MIGRATIONS, _split_sql
+
+    from .v5_crawl import T0, check_migrated, write_v5_rows
+
+    path = tmp_path / "v7.db"
+    con = sqlite3.connect(path, isolation_level=None)
+    for script in MIGRATIONS[:5]:
+        con.executescript(script)
+    write_v5_rows(con.execute, "?")
+    con.execute(
+        "UPDATE hosts SET queued = (SELECT count(*) FROM urls u WHERE u.host_key = "
+        "hosts.host_key AND u.state = 'queued'), in_flight = (SELECT count(*) FROM urls u "
+        "WHERE u.host_key = hosts.host_key AND u.state = 'leased')"
+    )
+    for script in MIGRATIONS[5:7]:
+        for stmt in _split_sql(script):
+            con.execute(stmt)
+    con.execute("PRAGMA user_version=7")
+    triggers = con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall()
+    assert sorted(triggers) == [("urls_state",), ("urls_state_total",)]
+    con.close()
+    f = SQLiteFrontier(str(path))
+    try:
+        assert f._db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (8,)
+        sql = f._db.execute(
+            "SELECT group_concat(sql) FROM sqlite_master WHERE type = 'trigger'"
+        ).fetchone()[0]
+        assert "url_states" in sql and "NOT (OLD.state = 'leased' AND NEW.state = 'done')" in sql
+        check_migrated(f)  # leases, expiry, requeue, add: counts equal the rows
+        fast = HostPolicy(max_in_flight=8, delay=0.0)
+        leases = f.lease("w3", 10, T0 + 20, 30, fast)
+        assert leases
+        assert f.complete([Completion(ls, 200, T0 + 21) for ls in leases], T0 + 21, fast)
+        counted: dict[str, list[int]] = {}
+        for r in f.url_rows():
+            c = counted.setdefault(r["host_key"], [0, 0])
+            c[0] += r["state"] == "queued"
+            c[1] += r["state"] == "leased"
+        kept = {h["host_key"]: [h["queued"], h["in_flight"]] for h in f.host_rows()}
+        assert {k: kept[k] for k in counted} == counted
+        by_state = dict(f._db.execute("SELECT state, n FROM url_states").fetchall())
+        for state, n in f.stats().urls_by_state.items():
+            assert by_state.get(state, 0) == n == sum(r["state"] == state for r in f.url_rows())
     finally:
         f.close()
 

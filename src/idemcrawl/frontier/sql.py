@@ -16,7 +16,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..politeness import MAX_STREAK_SHIFT
-from .base import STATES, Completion, Cookie, FrontierStats, Lease, NewURL, Progress, RequestSpec
+from .base import (
+    STATES,
+    Completion,
+    Cookie,
+    FrontierError,
+    FrontierStats,
+    Lease,
+    NewURL,
+    Progress,
+    RequestSpec,
+)
 from .sql_dialect import (
     FAIL_SET,
     FENCE,
@@ -62,6 +72,10 @@ class SQLStore:
         self.cur = cur
         self.dialect = dialect
         self.bumps: Counter[str] = Counter()
+        #: host_key -> leases this transaction completed (leased -> done) whose host's
+        #: in_flight is not lowered yet: the completion's own host write takes them
+        #: (``update_hosts``), ``write_counters`` the rest (SQLite, schema 8).
+        self._out_of_flight: Counter[str] = Counter()
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -111,7 +125,15 @@ class SQLStore:
             self.bumps[name] += n
 
     def write_counters(self) -> None:
-        """Counters last, in name order, in one statement: the hottest rows, held shortest."""
+        """The completed leases no host write took yet (``finish``), then the counters, in
+        name order, in one statement: the hottest rows, held shortest."""
+        out = self._out_of_flight
+        if out:
+            self._xm(
+                "UPDATE hosts SET in_flight = in_flight - ? WHERE host_key = ?",
+                [(out[k], k) for k in sorted(out)],
+            )
+            out.clear()
         names = sorted(self.bumps)
         self._xm(
             "INSERT INTO counters(name, value) VALUES (?, ?) "
@@ -141,9 +163,18 @@ class SQLStore:
         )
 
     def update_hosts(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Write ``columns`` of the hosts named last in each row; a host whose completed leases
+        are not counted yet (``finish``) has its in_flight lowered by the same write."""
         if not set(columns) <= set(HOST_COLUMNS):
             raise ValueError(f"not host columns: {columns}")
         sets = ", ".join(f"{c} = ?" for c in columns)
+        out = self._out_of_flight
+        if out and rows:
+            self._xm(
+                f"UPDATE hosts SET {sets}, in_flight = in_flight - ? WHERE host_key = ?",
+                [(*r[:-1], out.pop(r[-1], 0), r[-1]) for r in rows],
+            )
+            return
         self._xm(f"UPDATE hosts SET {sets} WHERE host_key = ?", rows)
 
     # -- leasing -------------------------------------------------------------------------------
@@ -216,14 +247,17 @@ class SQLStore:
         )
 
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
-        """The leases, the lease log and the hosts' tokens; the grants move their URLs from
-        queued to leased in ``url_states`` themselves (SQLite's total trigger leaves that
-        change to them: one statement per lease call instead of one per URL)."""
+        """The leases, the lease log and the hosts' tokens; the grants count their URLs' move
+        from queued to leased themselves (SQLite's state trigger leaves it to them, schema 8):
+        in ``url_states`` in one statement, and in each host's queued/in_flight (I6) in the
+        host's token update, which writes the row anyway."""
         leased = self._xm(
             "UPDATE urls SET state = 'leased', lease_owner = ?, lease_token = ?, "
             "lease_expires_at = ?, leased_at = ? WHERE url_id = ? AND state = 'queued'",
             [(owner, ls.token, expires, now, ls.url_id) for g in grants for ls in g.leases],
         )
+        # Every lease is a row this transaction picked as queued, under the write lock.
+        self._check_moved("granted", sum(len(g.leases) for g in grants), leased)
         self._move_states("queued", "leased", leased)
         self._xm(
             LEASE_LOG,
@@ -235,10 +269,14 @@ class SQLStore:
             ],
         )  # fmt: skip
         self._xm(
-            "UPDATE hosts SET next_allowed_at = ?, budget_used = ?, budget_day = ? "
-            "WHERE host_key = ?",
-            [(g.next_allowed_at, g.budget_used, g.budget_day, g.host_key) for g in grants],
-        )
+            "UPDATE hosts SET next_allowed_at = ?, budget_used = ?, budget_day = ?, "
+            "queued = queued - ?, in_flight = in_flight + ? WHERE host_key = ?",
+            [
+                (g.next_allowed_at, g.budget_used, g.budget_day, len(g.leases), len(g.leases),
+                 g.host_key)
+                for g in grants
+            ],
+        )  # fmt: skip
 
     def expired_leases(self, now: float) -> list[tuple[int, str]]:
         return [
@@ -298,8 +336,21 @@ class SQLStore:
                 if ok
             ],
         )
+        self._check_moved("completed", sum(live), done)
         self._move_states("leased", "done", done)  # as grant(): not counted by the trigger
+        out = self._out_of_flight
+        for c, ok in zip(completions, live, strict=True):
+            if ok:
+                out[c.lease.host_key] += 1
         return live
+
+    @staticmethod
+    def _check_moved(what: str, expected: int, changed: int) -> None:
+        """The URLs a grant or completion counts into its hosts are the rows it changed: both
+        were read in this transaction, under its write lock, with the same fence. A mismatch
+        would leave the hosts' counts wrong (I6): the transaction fails instead."""
+        if changed != expected:
+            raise FrontierError(f"{what} {changed} URLs, expected {expected}: rolled back")
 
     def _move_states(self, old: str, new: str, n: int) -> None:
         """``n`` URLs went from state ``old`` to ``new`` (``url_states``, SQLite)."""
