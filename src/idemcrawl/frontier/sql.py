@@ -379,33 +379,54 @@ class SQLStore:
         """Insert-if-absent, then count the new URLs into their hosts (I6), once per host, and
         into ``url_states``.
 
-        The hosts come first (a URL row holds its host's id); multi-row inserts whose
-        ``RETURNING`` names the rows actually inserted (the ignored duplicates return nothing).
-        PostgreSQL's ``PgStore`` has its own, counted by statement triggers.
+        The hosts come first (a URL row holds its host's id), then multi-row inserts. What they
+        inserted is known without ``RETURNING`` (which copied every inserted row through a
+        temporary table: 35 % of the insert's time for a completion's 2,560 new links): when
+        the statements changed as many rows as there are URLs, every URL was new, and counted
+        here; otherwise the rows above the largest url_id before the insert are exactly the
+        new ones (rowids grow, and the write lock keeps other writers out), counted in one
+        range read. PostgreSQL's ``PgStore`` has its own, counted by statement triggers.
         """
         if not urls:
             return 0
         ids = self.host_ids(sorted({u.host_key for u in urls}))
-        # The values of all rows in one flat list, sliced per statement, and the returned rows
-        # counted by a Counter: per URL, one extend and no per-value generator step or dict
-        # update in Python (2.8 -> 1.0 ms and 1.2 -> 0.4 ms for a batch's 2,560 links).
+        # The values of all rows in one flat list, sliced per statement: per URL, one extend
+        # and no per-value generator step (2.8 -> 1.0 ms for a batch's 2,560 links).
         params: list[Any] = []
         extend = params.extend
         for u in urls:
             extend(url_values(u, ids[u.host_key], now))
         width = 10
         step = max(1, self.dialect.max_params // width) * width
-        inserted: Counter[tuple[int, str]] = Counter()
+        before = self._scalar("SELECT MAX(url_id) FROM urls") or 0
+        new = 0
         for i in range(0, len(params), step):
             values = params[i : i + step]
             marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (len(values) // width))
-            inserted.update(
-                self.cur.execute(
-                    "INSERT OR IGNORE INTO urls(url, host_id, state, reason, priority, depth, "
-                    f"due_at, discovered_at, kind, hops) VALUES {marks} RETURNING host_id, state",
-                    values,
-                ).fetchall()
+            new += self.cur.execute(
+                "INSERT OR IGNORE INTO urls(url, host_id, state, reason, priority, depth, "
+                f"due_at, discovered_at, kind, hops) VALUES {marks}",
+                values,
+            ).rowcount
+        if new <= 0:
+            return 0
+        if new == len(urls):
+            inserted = Counter((ids[u.host_key], u.state) for u in urls)
+        else:
+            inserted = Counter(
+                {
+                    (int(h), st): int(n)
+                    for h, st, n in self._x(
+                        "SELECT host_id, state, count(*) FROM urls WHERE url_id > ? "
+                        "GROUP BY host_id, state",
+                        (before,),
+                    ).fetchall()
+                }
             )
+            if inserted.total() != new:
+                raise FrontierError(
+                    f"inserted {new} URLs but {inserted.total()} lie above url_id {before}"
+                )
         per_host: dict[int, list[Any]] = {}
         per_state: Counter[str] = Counter()
         for (host_id, state), n in inserted.items():
