@@ -186,6 +186,23 @@ def sitemap_urls(locations: Iterable[str], host_key: str) -> list[NewURL]:
     return out
 
 
+class _LeaseSlots:
+    """A :class:`~.base.Lease` under construction: the same slots, no frozen ``__setattr__``.
+
+    A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__``, a
+    call per field: 2.1 us per Lease of 19 fields, 0.5 ms of every lease call of 256 (about
+    a sixth of its Python). Plain stores into these slots, then the instance's class set to
+    ``Lease`` (allowed: the two layouts are the same slots in the same order), make the same
+    frozen, hashable, equal ``Lease`` in a third of the time.
+    """
+
+    __slots__ = Lease.__slots__
+
+
+if _LeaseSlots.__slots__ != Lease.__slots__ or hasattr(Lease, "__weakref__"):
+    raise ImportError("Lease's slots changed: _LeaseSlots must have the same layout")
+
+
 def lease_from_row(
     row: PickRow,
     host_key: str,
@@ -195,38 +212,34 @@ def lease_from_row(
     kind: str,
     start_at: float = 0.0,
 ) -> Lease:
-    url_id, url, version, depth, attempts, due_at, row_kind = row[:7]
-    etag, last_modified, prev_hash, prev_status, interval, hops = row[7:13]
-    return Lease(
-        url_id,
-        url,
-        host_key,
-        version,
-        token,
-        owner,
-        expires,
-        depth,
-        attempts,
-        kind if kind == ROBOTS else row_kind,
-        due_at,
-        etag,
-        last_modified,
-        prev_hash,
-        prev_status,
-        interval,
-        hops or 0,
-        start_at,
-    )
+    """The lease of one picked row (``store.PICK_COLUMNS``), built as ``_LeaseSlots`` says."""
+    ls: Any = _LeaseSlots()
+    ls.url_id, ls.url, ls.version, ls.depth, ls.attempts, ls.due_at, row_kind = row[:7]
+    ls.etag, ls.last_modified, ls.prev_hash, ls.prev_status, ls.interval, hops = row[7:13]
+    ls.host_key = host_key
+    ls.token = token
+    ls.owner = owner
+    ls.expires_at = expires
+    ls.kind = kind if kind == ROBOTS else row_kind
+    ls.hops = hops or 0
+    ls.start_at = start_at
+    ls.request = None
+    ls.__class__ = Lease
+    return ls  # type: ignore[no-any-return]
 
 
 def insert_urls(s: Store, urls: Sequence[NewURL], now: float) -> int:
     """Insert-if-absent (I1) and, for the URLs that are new, their request specs in the same
     transaction (I11). The first occurrence of a key decides: a key known before, or first
     seen in this batch without a spec, gets none. Returns how many URLs were new."""
-    first: dict[str, RequestSpec | None] = {}
-    for u in urls:
-        first.setdefault(u.url, u.request)
-    specs = {k: r for k, r in first.items() if r is not None}
+    specs: dict[str, RequestSpec] = {}
+    # Nearly every URL is a plain GET with no spec: one pass tests that, and only a batch
+    # holding a spec walks its URLs in Python (per link, 0.1 us instead of a dict update).
+    if any([u.request is not None for u in urls]):
+        first: dict[str, RequestSpec | None] = {}
+        for u in urls:
+            first.setdefault(u.url, u.request)
+        specs = {k: r for k, r in first.items() if r is not None}
     # Every writer has locked the hosts of the URLs it inserts (lock_hosts), so no other
     # transaction can insert one of these keys between this read and the insert.
     known = s.existing_urls(list(specs)) if specs else set()

@@ -61,6 +61,11 @@ from .store import (
     first_live,
 )
 
+#: A NamedTuple of a fetched row's values: ``tuple.__new__`` is what the named tuple's own
+#: ``__new__`` ends in, without its Python frame and per-field arguments (0.22 -> 0.15 us a
+#: host row; level 1 and a completion read 256-520 of them per call).
+_row = tuple.__new__
+
 #: A ``LIMIT`` both engines read as "no limit" (SQLite takes -1, PostgreSQL NULL or ALL).
 _NO_LIMIT = 2**62
 
@@ -154,7 +159,7 @@ class SQLStore:
         lock = " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
         query = f"SELECT {HOST_COLS} FROM hosts WHERE host_key {{in}} ORDER BY host_key" + lock
         for cur in self._in(query, ordered, cast="text"):
-            out.update((r[0], HostRow(*r)) for r in cur.fetchall() if r[0] in wanted)
+            out.update((r[0], _row(HostRow, r)) for r in cur.fetchall() if r[0] in wanted)
         return out
 
     def ensure_hosts(self, keys: Iterable[str]) -> None:
@@ -184,7 +189,7 @@ class SQLStore:
 
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         params = (now, now, max_in_flight, MAX_STREAK_SHIFT, now, limit)
-        return [HostRow(*r) for r in self._x(READY_HOSTS, params).fetchall()]
+        return [_row(HostRow, r) for r in self._x(READY_HOSTS, params).fetchall()]
 
     def pick_urls(
         self, wants: Sequence[tuple[str, int, Sequence[int]]], now: float
