@@ -549,6 +549,41 @@ def test_host_counts_equal_a_count_of_the_rows_after_every_move(frontier: Fronti
     check()
 
 
+@pytest.mark.parametrize("runs", [3, 40])
+def test_a_batch_of_unlike_urls_keeps_its_order_values_and_counts(
+    frontier: Frontier, runs: int
+) -> None:
+    """An insert of URLs in runs of alike ones (SQLite binds a run's shared values once, and
+    every value per row past 16 runs): each URL keeps its own state, reason, priority, depth,
+    the first occurrence of a key decides, url_ids follow the batch's order, hosts count
+    their queued URLs (I6)."""
+    batch: list[NewURL] = []
+    for r in range(runs):
+        for k in range(3):
+            host = f"http://h{(r + k) % 4}"
+            if r % 3 == 2:
+                batch.append(NewURL(f"{host}/r{r}/{k}", host, state="rejected", reason="trap"))
+            else:
+                batch.append(NewURL(f"{host}/r{r}/{k}", host, priority=r % 2, depth=r))
+        batch.append(NewURL(f"http://h0/r{max(r - 1, 0)}/0", "http://h0", depth=99))  # known
+    first: dict[str, NewURL] = {}
+    for u in batch:
+        first.setdefault(u.url, u)
+    assert frontier.add(batch, T0) == len(first)
+    assert frontier.add(batch[:5], T0 + 1) == 0
+    assert [u for _, u in frontier.known_urls(0, None)] == list(first)
+    for u in first.values():
+        row = frontier.url_row(u.url)
+        assert row is not None
+        assert (row["state"], row["reason"], row["priority"], row["depth"]) == (
+            u.state, u.reason, u.priority, u.depth,
+        )  # fmt: skip
+    queued = {h["host_key"]: h["queued"] for h in frontier.host_rows()}
+    for h in {u.host_key for u in first.values()}:
+        assert queued[h] == sum(u.state == "queued" for u in first.values() if u.host_key == h)
+    assert frontier.stats().urls_by_state == _counted(frontier)
+
+
 def test_next_due_is_never_later_than_a_queued_url(frontier: Frontier) -> None:
     """``Progress.next_due_at`` (a per-host hint on the SQL backends since schema 6): no later
     than any queued URL's due time, exact when a host's queue starts again from empty."""

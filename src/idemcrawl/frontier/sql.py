@@ -11,8 +11,10 @@ the operations it does set-based with ``unnest`` and its locking hooks, nothing 
 from __future__ import annotations
 
 import json
+import operator
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import groupby
 from typing import Any
 
 from ..politeness import MAX_STREAK_SHIFT
@@ -60,6 +62,11 @@ from .store import (
     done_values,
     first_live,
 )
+
+#: What URLs of one insert run share (``SQLStore._insert_runs``), and the most runs an insert
+#: takes run by run (a batch of more, shorter runs binds every value per row instead).
+_URL_SHAPE = operator.attrgetter("state", "reason", "priority", "depth", "kind", "hops")
+_MAX_RUNS = 16
 
 #: A NamedTuple of a fetched row's values: ``tuple.__new__`` is what the named tuple's own
 #: ``__new__`` ends in, without its Python frame and per-field arguments (0.22 -> 0.15 us a
@@ -395,30 +402,26 @@ class SQLStore:
         if not urls:
             return 0
         ids = self.host_ids(sorted({u.host_key for u in urls}))
-        # The values of all rows in one flat list, sliced per statement: per URL, one extend
-        # and no per-value generator step (2.8 -> 1.0 ms for a batch's 2,560 links).
-        params: list[Any] = []
-        extend = params.extend
-        for u in urls:
-            extend(url_values(u, ids[u.host_key], now))
-        width = 10
-        step = max(1, self.dialect.max_params // width) * width
+        host_of = [ids[u.host_key] for u in urls]
+        # Runs of consecutive URLs alike but for their key and host (a page's links: same
+        # state, depth, priority, kind), so that their rows bind 2 values each, not 10.
+        runs = [(shape, len(list(g))) for shape, g in groupby(urls, key=_URL_SHAPE)]
         before = self._scalar("SELECT MAX(url_id) FROM urls") or 0
-        new = 0
-        for i in range(0, len(params), step):
-            values = params[i : i + step]
-            marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (len(values) // width))
-            new += self.cur.execute(
-                "INSERT OR IGNORE INTO urls(url, host_id, state, reason, priority, depth, "
-                f"due_at, discovered_at, kind, hops) VALUES {marks}",
-                values,
-            ).rowcount
+        if len(runs) <= _MAX_RUNS:
+            new = self._insert_runs(urls, host_of, runs, now)
+        else:
+            new = self._insert_rows(urls, host_of, now)
         if new <= 0:
             return 0
+        inserted: Counter[tuple[int, str]] = Counter()
         if new == len(urls):
-            inserted = Counter((ids[u.host_key], u.state) for u in urls)
+            pos = 0
+            for shape, n in runs:
+                for h, c in Counter(host_of[pos : pos + n]).items():
+                    inserted[(h, shape[0])] += c
+                pos += n
         else:
-            inserted = Counter(
+            inserted.update(
                 {
                     (int(h), st): int(n)
                     for h, st, n in self._x(
@@ -460,6 +463,58 @@ class SQLStore:
             sorted(per_state.items()),
         )
         return sum(per_state.values())
+
+    def _insert_runs(
+        self,
+        urls: Sequence[NewURL],
+        host_of: Sequence[int],
+        runs: Sequence[tuple[tuple[Any, ...], int]],
+        now: float,
+    ) -> int:
+        """Insert-if-absent run by run, in the batch's order (so url_ids, which break ties in
+        the queue's order, come out as one row at a time would give them): a run's shared
+        values are bound once per statement and each URL binds its key and host id
+        (``INSERT … SELECT`` from ``VALUES``). For a completion's 2,560 links: 3.2 ms
+        against 4.8 ms with all ten values bound per row. Returns the rows inserted."""
+        keys = [u.url for u in urls]
+        step = max(1, (self.dialect.max_params - 8) // 2)
+        new = pos = 0
+        for (state, reason, priority, depth, kind, hops), n in runs:
+            for i in range(pos, pos + n, step):
+                j = min(i + step, pos + n)
+                pairs: list[Any] = [None] * (2 * (j - i))
+                pairs[0::2] = keys[i:j]
+                pairs[1::2] = host_of[i:j]
+                marks = ",".join(["(?,?)"] * (j - i))
+                new += self.cur.execute(
+                    "INSERT OR IGNORE INTO urls(url, host_id, state, reason, priority, depth, "
+                    "due_at, discovered_at, kind, hops) SELECT column1, column2, "
+                    f"?, ?, ?, ?, ?, ?, ?, ? FROM (VALUES {marks})",
+                    [state, reason, priority, depth, now, now, kind, hops, *pairs],
+                ).rowcount
+            pos += n
+        return new
+
+    def _insert_rows(self, urls: Sequence[NewURL], host_of: Sequence[int], now: float) -> int:
+        """Insert-if-absent with every value bound per row (a batch of many unlike runs).
+        The values of all rows in one flat list, sliced per statement: per URL, one extend
+        and no per-value generator step (2.8 -> 1.0 ms for a batch's 2,560 links)."""
+        params: list[Any] = []
+        extend = params.extend
+        for u, h in zip(urls, host_of, strict=True):
+            extend(url_values(u, h, now))
+        width = 10
+        step = max(1, self.dialect.max_params // width) * width
+        new = 0
+        for i in range(0, len(params), step):
+            values = params[i : i + step]
+            marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * (len(values) // width))
+            new += self.cur.execute(
+                "INSERT OR IGNORE INTO urls(url, host_id, state, reason, priority, depth, "
+                f"due_at, discovered_at, kind, hops) VALUES {marks}",
+                values,
+            ).rowcount
+        return new
 
     def host_ids(self, keys: Sequence[str]) -> dict[str, int]:
         """The ids of the hosts ``keys``, creating the missing rows (with the defaults).
