@@ -271,3 +271,48 @@ def test_none_is_bound_as_null_through_a_registered_adapter(tmp_path: Path) -> N
         assert f.url_row("http://a/x")["reason"] is None  # type: ignore[index]
     finally:
         f.close()
+
+
+def test_store_writes_by_host_id_and_by_key_alike(tmp_path: Path) -> None:
+    """A transaction finds the hosts level 1 or ``lock_hosts`` read by their ids; any other
+    caller of ``pick_urls``, ``grant`` and ``update_hosts`` goes by the host key. Both write
+    the same rows."""
+    from idemcrawl.frontier.scheduler import lease_from_row
+    from idemcrawl.frontier.store import Grant
+
+    results = []
+    for by_id in (True, False):
+        f = SQLiteFrontier(str(tmp_path / f"s{by_id}.db"))
+        try:
+            f.add([NewURL(f"http://{h}/{i}", f"http://{h}") for h in "ab" for i in range(3)], 1.0)
+
+            def tx(s: Any, by_id: bool = by_id) -> Any:
+                if by_id:
+                    assert len(s.ready_hosts(2.0, 8, 10)) == 2
+                else:
+                    assert s._host_id == {}
+                picks = s.pick_urls([("http://a", 2, []), ("http://b", 1, [])], 2.0)
+                grants = [
+                    Grant(k, [lease_from_row(r, k, 7, "w", 30.0, "page") for r in rows], 0.0, 8,
+                          0, 2.5, "1970-01-01", len(rows))
+                    for k, rows in sorted(picks.items())
+                ]  # fmt: skip
+                s.grant(grants, "w", 2.0, 30.0)
+                s.update_hosts(("latency_ewma",), [(0.5, "http://a"), (0.25, "http://b")])
+                return picks
+
+            picks = f._run(tx)
+            log = f._db.execute(
+                "SELECT h.host_key, l.url_id, l.in_flight_before FROM lease_log l "
+                "JOIN hosts h USING (host_id) ORDER BY l.id"
+            ).fetchall()
+            hosts = [(h["host_key"], h["queued"], h["in_flight"], h["latency_ewma"],
+                      h["next_allowed_at"]) for h in f.host_rows()]  # fmt: skip
+            results.append((picks, log, hosts))
+        finally:
+            f.close()
+    assert results[0] == results[1]
+    picks, log, hosts = results[0]
+    assert [len(picks["http://a"]), len(picks["http://b"])] == [2, 1]
+    assert [(k, i) for k, _, i in log] == [("http://a", 0), ("http://a", 1), ("http://b", 0)]
+    assert hosts == [("http://a", 1, 2, 0.5, 2.5), ("http://b", 2, 1, 0.25, 2.5)]
