@@ -187,12 +187,14 @@ def event_values(c: Completion, now: float) -> tuple[Any, ...]:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Grant:
     """One host's share of a lease call, decided by the scheduler, written by ``Store.grant``.
 
     The lease rows, one lease-log row per lease (what the grant saw and promised: ``min_gap``,
     ``allowance``, ``in_flight`` before it), and the host's new token and budget state.
+    Not frozen: it lives inside one lease call, and a frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__`` (1.3 against 0.16 us per grant, 256 per lease call).
     """
 
     host_key: str
