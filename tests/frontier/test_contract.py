@@ -547,6 +547,10 @@ def test_host_counts_equal_a_count_of_the_rows_after_every_move(frontier: Fronti
     after = {h["host_key"]: h for h in frontier.host_rows()}["http://p"]
     assert {k: v for k, v in after.items() if before[k] != v} == {"in_flight": 0}
     check()
+    # robots.txt expired: a new round of the fetched copy (done -> queued -> leased)
+    again = frontier.lease("w", 50, T0 + 10**7, 30, robots)
+    assert "http://a/robots.txt" in {ls.url for ls in again}
+    check()
 
 
 @pytest.mark.parametrize("runs", [3, 40])

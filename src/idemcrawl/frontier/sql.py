@@ -40,6 +40,7 @@ from .sql_dialect import (
     PICK_COLS,
     PICK_URLS,
     READY_HOSTS,
+    SQLITE,
     UPSERT_RECORD,
     URL_HOST_KEY,
     Dialect,
@@ -106,6 +107,9 @@ class SQLStore:
         #: the writes that follow find those hosts by their integer key, not by the text one
         #: (SQLite; ``PgStore`` keeps the same map for its own statements).
         self._host_id: dict[str, int] = {}
+        #: SQLite (schema 8): every statement that moves URLs between states counts the moves
+        #: into hosts and url_states itself (``_moved``); PostgreSQL's triggers count them.
+        self._counting = dialect is SQLITE
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -260,21 +264,26 @@ class SQLStore:
         return out
 
     def mark_disallowed(self, url_ids: Sequence[int], reason: str) -> None:
-        for _ in self._in(
-            "UPDATE urls SET state = 'disallowed', reason = ? WHERE url_id {in}", url_ids, (reason,)
-        ):
-            pass
+        """Picked (queued) URLs robots.txt refuses become disallowed."""
+        query = self._returning(
+            "UPDATE urls SET state = 'disallowed', reason = ? WHERE url_id {in} "
+            "AND state = 'queued'"
+        )
+        for cur in self._in(query, url_ids, (reason,)):
+            self._moved_by(cur, "queued")
 
     def defer_queued(self, host_key: str, reason: str, *, robots_too: bool = False) -> int:
         # INDEXED BY: otherwise SQLite picks the low-selectivity state index and scans every
         # queued URL of the crawl (365 ms at 1.1M queued, vs 0.13 ms).
-        self._x(
-            "UPDATE urls INDEXED BY urls_queue SET state = 'deferred', reason = ? "
-            f"WHERE host_id = {HOST_ID} AND state = 'queued'"
-            + ("" if robots_too else " AND kind <> 'robots'"),
+        cur = self._x(
+            self._returning(
+                "UPDATE urls INDEXED BY urls_queue SET state = 'deferred', reason = ? "
+                f"WHERE host_id = {HOST_ID} AND state = 'queued'"
+                + ("" if robots_too else " AND kind <> 'robots'")
+            ),
             (reason, host_key),
         )
-        return max(self.cur.rowcount, 0)
+        return self._moved_by(cur, "queued")
 
     def claim_url(self, url: str) -> tuple[int, str, str] | None:
         row = self._x(
@@ -284,11 +293,15 @@ class SQLStore:
 
     def make_robots(self, url_id: int, now: float, *, new_round: bool) -> None:
         if new_round:
-            self._x(
-                "UPDATE urls SET state = 'queued', kind = 'robots', version = version + 1, "
-                "due_at = ?, reason = NULL WHERE url_id = ?",
+            old = self._scalar("SELECT state FROM urls WHERE url_id = ?", (url_id,))
+            cur = self._x(
+                self._returning(
+                    "UPDATE urls SET state = 'queued', kind = 'robots', version = version + 1, "
+                    "due_at = ?, reason = NULL WHERE url_id = ?"
+                ),
                 (now, url_id),
             )
+            self._moved_by(cur, old)
         else:
             self._x("UPDATE urls SET kind = 'robots' WHERE url_id = ?", (url_id,))
 
@@ -371,11 +384,13 @@ class SQLStore:
 
     def requeue_leases(self, url_ids: Sequence[int], now: float) -> int:
         return sum(
-            max(cur.rowcount, 0)
+            self._moved_by(cur, "leased")
             for cur in self._in(
-                "UPDATE urls SET state = 'queued', due_at = ?, lease_owner = NULL, "
-                "lease_token = NULL, lease_expires_at = NULL "
-                "WHERE url_id {in} AND state = 'leased' AND lease_expires_at <= ?",
+                self._returning(
+                    "UPDATE urls SET state = 'queued', due_at = ?, lease_owner = NULL, "
+                    "lease_token = NULL, lease_expires_at = NULL "
+                    "WHERE url_id {in} AND state = 'leased' AND lease_expires_at <= ?"
+                ),
                 url_ids,
                 (now,),
                 (now,),
@@ -393,13 +408,15 @@ class SQLStore:
         ]
 
     def release_owner(self, owner: str) -> int:
-        self._x(
-            "UPDATE urls INDEXED BY urls_leases SET state = 'queued', lease_owner = NULL, "
-            "lease_token = NULL, lease_expires_at = NULL "
-            "WHERE state = 'leased' AND lease_owner = ?",
+        cur = self._x(
+            self._returning(
+                "UPDATE urls INDEXED BY urls_leases SET state = 'queued', lease_owner = NULL, "
+                "lease_token = NULL, lease_expires_at = NULL "
+                "WHERE state = 'leased' AND lease_owner = ?"
+            ),
             (owner,),
         )
-        return max(self.cur.rowcount, 0)
+        return self._moved_by(cur, "leased")
 
     # -- completion and failure ----------------------------------------------------------------
 
@@ -423,6 +440,51 @@ class SQLStore:
             if ok:
                 out[c.lease.host_key] += 1
         return live
+
+    def _returning(self, query: str) -> str:
+        """``query`` (an UPDATE of urls.state) returning what ``_moved`` counts, on SQLite."""
+        return query + " RETURNING host_id, state, due_at" if self._counting else query
+
+    def _moved_by(self, cur: Any, old: str | None) -> int:
+        """Count the URLs an UPDATE made with ``_returning`` moved out of state ``old``;
+        returns how many it changed."""
+        if not self._counting:
+            return max(cur.rowcount, 0)
+        rows = cur.fetchall()
+        self._moved(old, rows)
+        return len(rows)
+
+    def _moved(self, old: str | None, rows: Sequence[tuple[int, str, float]]) -> None:
+        """URLs (host_id, new state, due_at) went from state ``old``: their hosts' queued and
+        in_flight (I6), their hosts' due hint (no later than any queued URL's due time, as
+        ``insert_urls`` keeps it) and ``url_states``, once per host and state (SQLite, schema
+        8: no row trigger; the rarer moves: fail, expire, release, defer, robots.txt refusals
+        and rounds, new rounds, deferred URLs requeued, reparsed failures)."""
+        if not self._counting or not rows or old is None:
+            return
+        per_host: dict[int, list[Any]] = {}
+        per_state: Counter[str] = Counter()
+        for host_id, new, due in rows:
+            if new == old:
+                continue
+            per_state[new] += 1
+            per_state[old] -= 1
+            c = per_host.setdefault(host_id, [0, 0, None])
+            c[0] += (new == "queued") - (old == "queued")
+            c[1] += (new == "leased") - (old == "leased")
+            if new == "queued" and (c[2] is None or due < c[2]):
+                c[2] = due
+        self._xm(
+            "UPDATE hosts SET queued = queued + ?, in_flight = in_flight + ?, due_hint = "
+            "CASE WHEN ? IS NULL THEN due_hint WHEN queued = 0 THEN ? "
+            "ELSE LEAST(COALESCE(due_hint, ?), ?) END WHERE host_id = ?",
+            [(q, n, d, d, d, d, h) for h, (q, n, d) in sorted(per_host.items())],
+        )
+        self._xm(
+            "INSERT INTO url_states(state, n) VALUES (?, ?) "
+            "ON CONFLICT(state) DO UPDATE SET n = url_states.n + excluded.n",
+            sorted((st, n) for st, n in per_state.items() if n),
+        )
 
     @staticmethod
     def _check_moved(what: str, expected: int, changed: int) -> None:
@@ -453,7 +515,14 @@ class SQLStore:
         return first_live(leases, live)
 
     def fail_leases(self, rows: Sequence[FailRow]) -> None:
-        self._xm(f"UPDATE urls SET {FAIL_SET} WHERE {FENCE}", rows)
+        if not self._counting:
+            self._xm(f"UPDATE urls SET {FAIL_SET} WHERE {FENCE}", rows)
+            return
+        query = self._returning(f"UPDATE urls SET {FAIL_SET} WHERE {FENCE}")
+        moved: list[Any] = []
+        for r in rows:  # one by one: executemany returns no rows
+            moved += self._x(query, r).fetchall()
+        self._moved("leased", moved)
 
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
         """Insert-if-absent, then count the new URLs into their hosts (I6), once per host, and
@@ -676,6 +745,13 @@ class SQLStore:
         self._xm("UPDATE urls SET last_error = ? WHERE url_id = ?", rows)
 
     def reparse_outcome(self, rows: Sequence[tuple[str | None, int]]) -> None:
+        fixed: list[Any] = []
+        if self._counting:  # failed URLs parsed without error become done
+            for cur in self._in(
+                "SELECT host_id, 'done', due_at FROM urls WHERE url_id {in} AND state = 'failed'",
+                [u for e, u in rows if e is None],
+            ):
+                fixed += cur.fetchall()
         self._xm(
             "UPDATE urls SET state = CASE WHEN CAST(? AS TEXT) IS NULL AND state = 'failed' "
             "THEN 'done' ELSE state END, last_error = ?, "
@@ -683,6 +759,7 @@ class SQLStore:
             "WHERE url_id = ?",
             [(e, e, e, u) for e, u in rows],
         )
+        self._moved("failed", fixed)
 
     # -- rounds, deferral ----------------------------------------------------------------------
 
@@ -699,10 +776,13 @@ class SQLStore:
 
     def start_rounds(self, url_ids: Sequence[int]) -> int:
         return sum(
-            max(cur.rowcount, 0)
+            self._moved_by(cur, "done")
             for cur in self._in(
-                "UPDATE urls SET state = 'queued', version = version + 1, due_at = next_fetch_at, "
-                "attempts = 0, reason = NULL WHERE url_id {in} AND state = 'done'",
+                self._returning(
+                    "UPDATE urls SET state = 'queued', version = version + 1, "
+                    "due_at = next_fetch_at, attempts = 0, reason = NULL "
+                    "WHERE url_id {in} AND state = 'done'"
+                ),
                 url_ids,
             )
         )
@@ -720,17 +800,21 @@ class SQLStore:
 
     def requeue_deferred(self, host_key: str | None = None, reason: str | None = None) -> int:
         if host_key is None:
-            self._x(
-                "UPDATE urls INDEXED BY urls_deferred SET state = 'queued', reason = NULL "
-                "WHERE state = 'deferred'"
+            cur = self._x(
+                self._returning(
+                    "UPDATE urls INDEXED BY urls_deferred SET state = 'queued', reason = NULL "
+                    "WHERE state = 'deferred'"
+                )
             )
         else:
-            self._x(
-                "UPDATE urls INDEXED BY urls_deferred SET state = 'queued', reason = NULL "
-                f"WHERE host_id = {HOST_ID} AND state = 'deferred' AND reason = ?",
+            cur = self._x(
+                self._returning(
+                    "UPDATE urls INDEXED BY urls_deferred SET state = 'queued', reason = NULL "
+                    f"WHERE host_id = {HOST_ID} AND state = 'deferred' AND reason = ?"
+                ),
                 (host_key, reason),
             )
-        return max(self.cur.rowcount, 0)
+        return self._moved_by(cur, "deferred")
 
     def reset_robots_failures(self) -> None:
         self._x(
