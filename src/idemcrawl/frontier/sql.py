@@ -83,6 +83,18 @@ _PICK_URLS_BY_ID = (
     "ORDER BY j.id, u.priority DESC, u.due_at, u.url_id"
 )
 
+#: ``_PICK_URLS_BY_ID`` for hosts asking one URL each (every host at one request in flight):
+#: each host's best due URL id by a scalar subquery, then its row by rowid, instead of an IN
+#: list built per host (0.68 against 1.04 ms for 256 hosts). Rows come in no set order: one
+#: per host, named by the array's index.
+_PICK_ONE_BY_ID = (
+    f"SELECT t.k, {cols(PICK_COLUMNS, 'u.')} FROM (SELECT j.key AS k, "
+    "(SELECT q.url_id FROM urls AS q INDEXED BY urls_queue WHERE q.host_id = j.value "
+    "AND q.state = 'queued' AND q.due_at <= ? AND q.kind <> 'robots' "
+    "ORDER BY q.priority DESC, q.due_at LIMIT 1) AS id FROM json_each(?) AS j) AS t "
+    "CROSS JOIN urls AS u ON u.url_id = t.id"
+)
+
 #: A NamedTuple of a fetched row's values: ``tuple.__new__`` is what the named tuple's own
 #: ``__new__`` ends in, without its Python frame and per-field arguments (0.22 -> 0.15 us a
 #: host row; level 1 and a completion read 256-520 of them per call).
@@ -247,12 +259,12 @@ class SQLStore:
                 continue
             if all(k in ids for k in keys):
                 # by id (level 1 read them all): no probe of the hosts' text key per host
-                rows = [
-                    (keys[r[0]], *r[1:])
-                    for r in self._x(
-                        _PICK_URLS_BY_ID, (json.dumps([ids[k] for k in keys]), now, limit)
-                    ).fetchall()
-                ]
+                host_ids = json.dumps([ids[k] for k in keys])
+                if limit == 1:
+                    found = self._x(_PICK_ONE_BY_ID, (now, host_ids)).fetchall()
+                else:
+                    found = self._x(_PICK_URLS_BY_ID, (host_ids, now, limit)).fetchall()
+                rows = [(keys[r[0]], *r[1:]) for r in found]
             else:
                 rows = self._x(PICK_URLS, (json.dumps(keys), now, limit)).fetchall()
             for r in rows:
