@@ -705,6 +705,10 @@ class SQLStore:
 
     def requests_of(self, url_ids: Sequence[int]) -> dict[int, RequestSpec]:
         out: dict[int, RequestSpec] = {}
+        # SQLite: a crawl of plain GETs has no request rows; one probe of the empty table
+        # instead of binding and probing every lease's id (0.45 M instructions a lease call).
+        if self.dialect is SQLITE and self._scalar("SELECT 1 FROM requests LIMIT 1") is None:
+            return out
         query = (
             "SELECT url_id, method, callback, data, headers, body, render FROM requests "
             "WHERE url_id {in}"
