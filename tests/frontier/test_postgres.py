@@ -159,6 +159,8 @@ def test_a_version_6_schema_migrates_in_place(dsn: str, new_schema, admin) -> No
     """Version 7 on a real version-6 schema (a version-5 crawl that migration 6 carried over,
     then a URL added and a lease granted by version 6's triggers): the count triggers keep to
     index probes of hosts, rows, counts and leases survive, and the triggers keep counting."""
+    from idemcrawl.frontier.store import SCHEMA_VERSION
+
     from .v5_crawl import T0 as V5_T0
     from .v5_crawl import URLS as V5_URLS
     from .v5_crawl import expected_states, write_v5_rows
@@ -185,7 +187,7 @@ def test_a_version_6_schema_migrates_in_place(dsn: str, new_schema, admin) -> No
     admin.execute("RESET search_path")
     f = _open(dsn, schema)
     try:
-        assert _versions(admin, schema) == list(range(1, 8))
+        assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
         configs = {
             name: set(config)
             for name, config in admin.execute(
