@@ -236,6 +236,188 @@ def test_a_version_6_schema_migrates_in_place(dsn: str, new_schema, admin) -> No
         f.close()
 
 
+def test_a_version_7_schema_migrates_to_the_btree_url_key(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """Version 8 on a version-7 crawl: the hash exclusion constraint goes, every row gets its
+    ``url_key`` and the b-tree ``urls_key``; known URLs stay known (an add of one inserts
+    nothing), new ones are inserted, and a URL's row is found by its text."""
+    from idemcrawl.frontier.store import SCHEMA_VERSION
+
+    schema = new_schema()
+    _schema_at_version(admin, schema, 7)
+    admin.execute("INSERT INTO hosts (host_key) VALUES ('http://a'), ('http://b')")
+    admin.execute(
+        "INSERT INTO urls (url, host_id, due_at) SELECT h.host_key || '/p' || i, h.host_id, %s "
+        "FROM hosts h, generate_series(0, 9) i",
+        (T0,),
+    )
+    admin.execute(
+        "UPDATE urls SET state = 'leased', lease_owner = 'w', lease_token = 5, "
+        "lease_expires_at = %s WHERE url = 'http://a/p3'",
+        (T0 + 5,),
+    )
+    admin.execute("RESET search_path")
+    f = _open(dsn, schema)
+    try:
+        assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
+        admin.execute(f"SET search_path TO {schema}")
+        indexes = {
+            r[0]
+            for r in admin.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'urls'",
+                (schema,),
+            ).fetchall()
+        }
+        assert "urls_key" in indexes and "urls_url" not in indexes
+        assert admin.execute(
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = 'urls'::regclass AND contype = 'x'"
+        ).fetchone() == (0,)
+        assert admin.execute(
+            "SELECT count(*), count(*) FILTER (WHERE url_key = url_key_of(url)) FROM urls"
+        ).fetchone() == (20, 20)
+        # a host's URLs share the key's high half
+        assert admin.execute(
+            "SELECT count(DISTINCT url_key >> 32) FROM urls GROUP BY host_id"
+        ).fetchall() == [(1,), (1,)]
+        admin.execute("RESET search_path")
+        assert f.add(_urls("http://a", 12), T0) == 2  # p10, p11
+        assert f.add(_urls("http://b", 10), T0) == 0
+        row = f.url_row("http://a/p3")
+        assert row is not None and (row["state"], row["lease_token"]) == ("leased", 5)
+        assert f.url_row("http://a/p11") is not None and f.url_row("http://a/p12") is None
+        states = f.stats().urls_by_state
+        assert (states["queued"], states["leased"], sum(states.values())) == (21, 1, 22)
+    finally:
+        f.close()
+
+
+def test_urls_with_the_same_key_are_two_urls(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """``url_key`` is a hash: two URLs of a host may share it. Each is still its own URL
+    (inserted once, found by its text), because the key only narrows the search."""
+    schema = new_schema()
+    f = _open(dsn, schema)
+    try:
+        # two paths of one host whose keys collide, found among 300,000 candidates
+        pair = admin.execute(
+            "SELECT min(u), max(u) FROM (SELECT 'http://c/x' || i AS u "
+            "FROM generate_series(1, 300000) i) AS t "
+            "GROUP BY hashtext(u) HAVING count(*) > 1 ORDER BY 1 LIMIT 1"
+        ).fetchone()
+        assert pair is not None
+        a, b = pair
+        assert admin.execute(
+            f"SELECT {schema}.url_key_of(%s) = {schema}.url_key_of(%s)", (a, b)
+        ).fetchone() == (True,)
+        assert f.add([NewURL(a, "http://c")], T0) == 1
+        assert f.add([NewURL(a, "http://c"), NewURL(b, "http://c")], T0) == 1
+        assert f.add([NewURL(b, "http://c"), NewURL(a, "http://c")], T0) == 0
+        assert {u["url"] for u in f.url_rows()} == {a, b}
+        ra, rb = f.url_row(a), f.url_row(b)
+        assert ra is not None and rb is not None and ra["url_id"] != rb["url_id"]
+        assert (ra["url"], rb["url"]) == (a, b)
+        assert f.existing_urls([a, b, "http://c/none"]) == {a, b}
+    finally:
+        f.close()
+
+
+def test_concurrent_adds_of_the_same_urls_insert_each_once(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
+    """I1 without a unique constraint (schema 8): the URL key is not unique, so the frontier
+    keeps each URL once through the host locks its inserts hold. Four processes' connections
+    add the same URLs at the same moment, on hosts that exist and on hosts none of them has
+    created yet (the case the lock taken with the new host's id is for), round after round:
+    every URL is inserted once, and the adds' counts of new URLs sum to the URLs."""
+    schema = new_schema()
+    frontiers = [_open(dsn, schema) for _ in range(4)]
+    try:
+        frontiers[0].add(_urls("http://old", 1), T0)
+        total = 0
+
+        def add(f: Any, urls: list[NewURL], gate: threading.Barrier, out: list[Any]) -> None:
+            try:
+                gate.wait()
+                out.append(f.add(list(reversed(urls)) if len(out) % 2 else urls, T0))
+            except BaseException as exc:
+                out.append(exc)
+
+        for rnd in range(12):
+            batch = _urls("http://old", 30, start=1 + 30 * rnd) + [
+                u for h in range(6) for u in _urls(f"http://new{rnd}-{h}", 5)
+            ]
+            total += len(batch)
+            gate = threading.Barrier(len(frontiers))
+            out: list[Any] = []
+            threads = [threading.Thread(target=add, args=(f, batch, gate, out)) for f in frontiers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all(isinstance(n, int) for n in out), out
+            assert sum(out) == len(batch), (rnd, out)
+        rows = frontiers[0].url_rows()
+        assert len(rows) == len({r["url"] for r in rows}) == total + 1
+    finally:
+        for f in frontiers:
+            f.close()
+
+
+def test_inserters_waiting_on_a_new_host_insert_its_urls_once(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
+    """The interleaving I1 needs the host lock of ``_HOST_IDS`` for (schema 8's URL key is not
+    unique): two transactions find no row to lock for a host a third is creating, so both wait
+    on its insert of the host; once it commits, each must take the host's lock before its
+    ``NOT EXISTS`` insert, or both insert the same new URL."""
+    import psycopg
+    from psycopg import sql
+
+    from idemcrawl.frontier.postgres_store import PgStore
+
+    schema = new_schema()
+    _open(dsn, schema).close()  # the schema, migrated
+
+    def store() -> tuple[Any, PgStore]:
+        conn = psycopg.connect(dsn, autocommit=False)
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        conn.commit()
+        return conn, PgStore(conn.cursor(), pipelines=False)
+
+    (c1, s1), (c2, s2), (c3, s3) = store(), store(), store()
+    try:
+        assert s1.lock_hosts({"http://n"}) == {}
+        assert s1.insert_urls([NewURL("http://n/first", "http://n")], T0) == 1  # not committed
+        out: list[Any] = []
+
+        def insert(conn: Any, s: PgStore) -> None:
+            try:
+                s.lock_hosts({"http://n"})  # nothing to lock yet: the host is not committed
+                out.append(s.insert_urls([NewURL("http://n/second", "http://n")], T0))
+                conn.commit()
+            except BaseException as exc:
+                out.append(exc)
+
+        threads = [threading.Thread(target=insert, args=a) for a in ((c2, s2), (c3, s3))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            while time.monotonic() < deadline:
+                (waiting,) = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND pid = ANY(%s)",
+                    ([c2.info.backend_pid, c3.info.backend_pid],),
+                ).fetchone()
+                if waiting == 2:
+                    break
+                time.sleep(0.02)
+        assert waiting == 2  # both wait on the first transaction's new host
+        c1.commit()
+        for t in threads:
+            t.join(timeout=30)
+        assert sorted(out) == [0, 1], out
+        rows = c1.execute("SELECT url FROM urls ORDER BY url").fetchall()
+        assert rows == [("http://n/first",), ("http://n/second",)]
+    finally:
+        for c in (c1, c2, c3):
+            c.close()
+
+
 def test_count_triggers_probe_hosts_by_id_after_a_large_first_batch(  # type: ignore[no-untyped-def]
     dsn: str, new_schema, admin
 ) -> None:

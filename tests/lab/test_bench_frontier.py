@@ -226,7 +226,7 @@ def test_postgres_cost_from_the_server_processes_and_the_wire(pg_dsn: str) -> No
     )
     assert "server CPU" in r.text() and "round trips" in r.text()
     # the per-relation breakdown adds up to the schema's size (tables with TOAST, each index)
-    assert ("urls", "urls_url") in {(t, n) for t, n, _ in r.relations}
+    assert ("urls", "urls_key") in {(t, n) for t, n, _ in r.relations}
     assert sum(b for _, _, b in r.relations) == r.bytes_on_disk
     _assert_schema_dropped(pg_dsn, logged)
 

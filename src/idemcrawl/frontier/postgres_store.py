@@ -16,10 +16,18 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..politeness import MAX_STREAK_SHIFT
-from .base import Completion, NewURL
+from .base import Completion, NewURL, RequestSpec
 from .sql import SQLStore
-from .sql_dialect import HOST_COLS, PICK_COLS, POSTGRES, READY_HOSTS
-from .store import DONE_COLUMNS, PICK_COLUMNS, Grant, HostRow, PickRow, done_values
+from .sql_dialect import HOST_COLS, PICK_COLS, POSTGRES, READY_HOSTS, url_cols
+from .store import (
+    DONE_COLUMNS,
+    PICK_COLUMNS,
+    URL_COLUMNS,
+    Grant,
+    HostRow,
+    PickRow,
+    done_values,
+)
 
 if TYPE_CHECKING:
     from psycopg import Cursor
@@ -29,19 +37,36 @@ if TYPE_CHECKING:
 _EVENTS_LOCK = 0x1DEC0E7E
 
 #: A URL row holds its host's id (schema 6): the ids of a batch's hosts are read once per
-#: host, and the missing hosts created (in key order) only when some are missing.
-_HOST_IDS = "SELECT host_key, host_id FROM hosts WHERE host_key = ANY(%b::text[])"
+#: host, and the missing hosts created (in key order) only when some are missing. Read with a
+#: row lock: a host this transaction had not locked yet (one that did not exist when it locked
+#: its hosts) is locked before any of its URLs is inserted, as ``_INSERT_URLS`` needs.
+_HOST_IDS = (
+    "SELECT host_key, host_id FROM hosts WHERE host_key = ANY(%b::text[]) "
+    "ORDER BY host_key FOR UPDATE"
+)
 _INSERT_HOSTS = (
     "INSERT INTO hosts (host_key) SELECT h FROM unnest(%b::text[]) AS l(h) "
     "ORDER BY 1 ON CONFLICT DO NOTHING"
 )
+#: Insert-if-absent (I1) by the URL key (schema 8: a b-tree on ``url_key_of(url)``, not
+#: unique) and the text. Safe without a unique constraint because every transaction that
+#: inserts a host's URLs holds that host's row lock to its COMMIT (``lock_hosts``, level 1,
+#: ``_HOST_IDS``): a second inserter of the same URL waits for the lock, and its INSERT, a
+#: later statement, takes its snapshot after the first one committed (READ COMMITTED), so it
+#: sees the row. ``OFFSET 0`` keeps the test a per-row probe of ``urls_key`` (as an anti-join
+#: the planner may hash the whole table). A URL twice in one batch is sent once: rows the
+#: statement inserts are not visible to its own NOT EXISTS.
 _INSERT_URLS = (
     "INSERT INTO urls (url, host_id, state, reason, priority, depth, due_at, discovered_at, "
     "kind, hops) SELECT u, h, s, r, p, d, %s, %s, k, n "
     "FROM unnest(%b::text[], %b::int[], %b::text[], %b::text[], %b::int[], %b::int[], "
     "%b::text[], %b::int[]) AS l(u, h, s, r, p, d, k, n) "
-    "ON CONFLICT DO NOTHING"  # the arbiter: urls_url, an exclusion constraint (schema 6)
+    "WHERE NOT EXISTS (SELECT 1 FROM urls AS x WHERE x.url_key = url_key_of(l.u) "
+    "AND x.url = l.u OFFSET 0)"
 )
+#: A URL's row by its text, through ``urls_key`` (schema 8): ``SQLStore``'s ``WHERE url = ?``
+#: would read the whole table now that no index holds the text's hash alone.
+_BY_URL = "url_key = url_key_of(%s) AND url = %s"
 
 #: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
 #: skipping rows another leaser holds (one statement per host took 257 round trips per lease
@@ -240,10 +265,16 @@ class PgStore(SQLStore):
         return contextlib.nullcontext()
 
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
-        """Insert-if-absent in one statement; returns how many were new."""
+        """Insert-if-absent in one statement (``_INSERT_URLS``); returns how many were new.
+        The first occurrence of a URL in the batch is the one inserted, as with ON CONFLICT
+        DO NOTHING before schema 8."""
         if not urls:
             return 0
         ids = self.host_ids(sorted({u.host_key for u in urls}))
+        first: dict[str, NewURL] = {}
+        for u in urls:
+            first.setdefault(u.url, u)
+        urls = list(first.values())
         self.cur.execute(
             _INSERT_URLS,
             (
@@ -275,6 +306,46 @@ class PgStore(SQLStore):
             self.cur.execute(_INSERT_HOSTS, (missing,))
             ids.update((k, int(i)) for k, i in self.cur.execute(_HOST_IDS, (missing,)).fetchall())
         return ids
+
+    def claim_url(self, url: str) -> tuple[int, str, str] | None:
+        row = self.cur.execute(
+            f"SELECT url_id, state, kind FROM urls WHERE {_BY_URL} FOR UPDATE SKIP LOCKED",
+            (url, url),
+        ).fetchone()
+        return None if row is None else (int(row[0]), row[1], row[2])
+
+    def redirect_target(self, url: str) -> str | None:
+        row = self.cur.execute(
+            f"SELECT redirect_to FROM urls WHERE {_BY_URL}", (url, url)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def existing_urls(self, candidates: Sequence[str]) -> set[str]:
+        rows = self.cur.execute(
+            "SELECT l.u FROM unnest(%b::text[]) AS l(u) WHERE EXISTS (SELECT 1 FROM urls AS x "
+            "WHERE x.url_key = url_key_of(l.u) AND x.url = l.u OFFSET 0)",
+            (list(candidates),),
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def insert_requests(self, rows: Sequence[tuple[str, RequestSpec]]) -> None:
+        self.cur.executemany(
+            "INSERT INTO requests(url_id, method, callback, data, headers, body, render) "
+            f"SELECT url_id, %s, %s, %s, %s, %s, %s FROM urls WHERE {_BY_URL} "
+            "ON CONFLICT DO NOTHING",
+            [
+                (r.method, r.callback, r.data, r.headers, r.body, int(r.render), key, key)
+                for key, r in rows
+            ],
+        )
+
+    def url_row(self, url: str) -> dict[str, Any] | None:
+        rows = self._dicts(
+            f"SELECT {url_cols(URL_COLUMNS)} FROM urls WHERE {_BY_URL.replace('%s', '?')}",
+            (url, url),
+            URL_COLUMNS,
+        )
+        return rows[0] if rows else None
 
     def lock_hosts(
         self, keys: Iterable[str], *, read: Iterable[str] = (), skip_locked: bool = False
