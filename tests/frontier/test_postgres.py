@@ -618,6 +618,57 @@ def test_grants_write_the_same_rows_by_host_id_or_by_key(  # type: ignore[no-unt
     f.close()
 
 
+def test_a_grant_writes_each_host_once_and_counts_its_urls(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
+    """Schema 8: the grant writes its hosts' counts with their tokens, and the count trigger
+    skips the grant's UPDATE of urls (it wrote each granted host a second time): one update
+    per granted host, counts and per-state totals exact, and the trigger still counts the
+    transaction's later updates of urls."""
+    from idemcrawl.frontier.store import Grant
+
+    schema = new_schema()
+    f = _open(dsn, schema)
+    try:
+        f.add(_urls("http://a", 3) + _urls("http://b", 2) + _urls("http://c", 1), T0)
+        policy = HostPolicy(max_in_flight=2, delay=0.0)
+        upd = "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'hosts'::regclass"
+
+        def tx(s: Any) -> tuple[list[Lease], int]:
+            before = s.cur.execute(upd).fetchone()[0]
+            leases = f._lease(s, "w", 10, T0, T0 + 30, policy, None)
+            return leases, s.cur.execute(upd).fetchone()[0] - before
+
+        leases, updates = f._run(tx)
+        assert sorted(ls.url for ls in leases) == [
+            "http://a/p0", "http://a/p1", "http://b/p0", "http://b/p1", "http://c/p0",
+        ]  # fmt: skip
+        assert updates == 3  # one write per granted host
+        counts = {h["host_key"]: (h["queued"], h["in_flight"]) for h in f.host_rows()}
+        assert counts == {"http://a": (1, 2), "http://b": (0, 2), "http://c": (0, 1)}
+        states = f.stats().urls_by_state
+        assert (states["queued"], states["leased"]) == (1, 5)
+
+        # After the grant's statement the trigger counts again, in the same transaction.
+        def grant_then_requeue(s: Any) -> None:
+            got = f._lease(s, "w", 10, T0 + 1, T0 + 31, HostPolicy(max_in_flight=3), None)
+            assert [ls.url for ls in got] == ["http://a/p2"]
+            s.cur.execute("UPDATE urls SET state = 'queued' WHERE url_id = %s", (got[0].url_id,))
+
+        f._run(grant_then_requeue)
+        row = f.host_row("http://a")
+        assert row is not None and (row["queued"], row["in_flight"]) == (1, 2)
+        states = f.stats().urls_by_state
+        assert (states["queued"], states["leased"]) == (1, 5)
+
+        # A grant of a URL that is not queued would count wrongly: refused, nothing written.
+        g = Grant("http://a", [leases[0]], 0.0, 2, 0, T0, "1970-01-12", 1)
+        with pytest.raises(FrontierError, match="found 0 of its 1 URLs queued"):
+            f._run(lambda s: s.grant([g], "w", T0, T0 + 30))
+        row = f.host_row("http://a")
+        assert row is not None and (row["queued"], row["in_flight"]) == (1, 2)
+    finally:
+        f.close()
+
+
 def test_a_completion_reads_its_hosts_once_and_updates_them_by_id(  # type: ignore[no-untyped-def]
     dsn: str, new_schema, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -141,6 +141,15 @@ END
 $$"""
 )
 
+#: The planner settings migration 7 turns off in the count functions.
+_JOIN_KNOBS = ("enable_hashjoin", "enable_mergejoin")
+#: Schema 8: the update trigger leaves a statement whose writer counted its rows itself
+#: (``PgStore.grant`` sets this transaction-local setting around its UPDATE of urls).
+_SKIP_COUNTED = """    IF current_setting('idemcrawl.counted', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+"""
+
 # The same logical schema and version numbers as the SQLite backend (see sqlite.py for what each
 # column is for). Each migration is a tuple of statements, applied in one transaction.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -402,7 +411,7 @@ CREATE TABLE cookies (
     tuple(
         f"ALTER FUNCTION {fn}() SET {knob} = off"
         for fn in ("urls_count_insert", "urls_count_update", "urls_count_delete")
-        for knob in ("enable_hashjoin", "enable_mergejoin")
+        for knob in _JOIN_KNOBS
     ),
     # 8: SQLite's grants and completions count their hosts themselves (sqlite.py); the
     # statement-level triggers here already write each host once per statement. The version
@@ -426,6 +435,14 @@ CREATE TABLE cookies (
         "ALTER TABLE urls ADD COLUMN url_key BIGINT GENERATED ALWAYS AS (url_key_of(url)) STORED",
         "CREATE INDEX urls_key ON urls (url_key)",
         "ALTER TABLE urls DROP CONSTRAINT urls_url",
+        # The grant counts its own URLs (PgStore.grant: queued -> leased per host, written
+        # with the host's token, and the per-state totals), so the update trigger skips its
+        # statement: it wrote each granted host a second time. Replacing the function resets
+        # its settings: the join knobs of migration 7 are set again.
+        COUNT_ON_UPDATE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1).replace(
+            "BEGIN\n", "BEGIN\n" + _SKIP_COUNTED, 1
+        ),
+        *(f"ALTER FUNCTION urls_count_update() SET {knob} = off" for knob in _JOIN_KNOBS),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

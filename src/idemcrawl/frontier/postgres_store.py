@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..politeness import MAX_STREAK_SHIFT
-from .base import Completion, NewURL, RequestSpec
+from .base import Completion, FrontierError, NewURL, RequestSpec
 from .sql import SQLStore
 from .sql_dialect import HOST_COLS, PICK_COLS, POSTGRES, READY_HOSTS, url_cols
 from .store import (
@@ -115,11 +115,25 @@ _LEASE_LOG_BY_ID = (
     "AS g(granted_at, host, url_id, kind, eligible_at, min_gap, allowance, "
     "in_flight, n) ORDER BY g.n"
 )
+#: The hosts' tokens and budgets, and the counts of the URLs the grant moved from queued to
+#: leased (``n`` per host), in one write of each host row: the count trigger skips the
+#: grant's UPDATE of urls (``_COUNTED``), which used to write every granted host once more
+#: (schema 8).
 _GRANT_HOSTS = (
     "UPDATE hosts AS h SET next_allowed_at = g.next_allowed_at, "
-    "budget_used = g.used, budget_day = g.day "
-    "FROM unnest(%b::{key}[], %b::float8[], %b::int[], %b::text[]) "
-    "AS g(host, next_allowed_at, used, day) WHERE h.{column} = g.host"
+    "budget_used = g.used, budget_day = g.day, queued = h.queued - g.n, "
+    "in_flight = h.in_flight + g.n "
+    "FROM unnest(%b::{key}[], %b::float8[], %b::int[], %b::text[], %b::int[]) "
+    "AS g(host, next_allowed_at, used, day, n) WHERE h.{column} = g.host"
+)
+#: Schema 8's ``urls_count_update`` does nothing while this transaction-local setting is
+#: 'on': set around the grant's UPDATE of urls only, whose counts the grant writes itself.
+_COUNTED = "SELECT set_config('idemcrawl.counted', %s, true)"
+#: The grant's per-state totals (the trigger's ``url_states`` upsert, in state order).
+_GRANT_STATES = (
+    "INSERT INTO url_states AS t (state, shard, n) "
+    "VALUES ('leased', pg_backend_pid(), %s), ('queued', pg_backend_pid(), %s) "
+    "ON CONFLICT (state, shard) DO UPDATE SET n = t.n + excluded.n"
 )
 _GRANT_HOSTS_BY_KEY = _GRANT_HOSTS.format(key="text", column="host_key")
 _GRANT_HOSTS_BY_ID = _GRANT_HOSTS.format(key="int", column="host_id")
@@ -417,15 +431,24 @@ class PgStore(SQLStore):
         # index, not the text key's); the key spellings stay for any other caller.
         host_ids = self._ids([g.host_key for g in grants])
         cur = self.cur
+        # Its own cursor: its row count is read after the pipeline, the others' results not.
+        leased = cur.connection.cursor()
         with self._pipeline():
-            cur.execute(
+            # Every granted URL is queued and locked by this transaction (level 2's picks, the
+            # robots.txt claim), so the grant moves len(g.leases) URLs of each host from
+            # queued to leased: it writes those counts with the host's token below, and the
+            # count trigger skips this statement. ``state = 'queued'`` and the row count
+            # checked after the pipeline keep the counts exact (I6) should that ever not hold.
+            cur.execute(_COUNTED, ("on",))
+            leased.execute(
                 "UPDATE urls AS u SET state = 'leased', lease_owner = %s, "
                 "lease_token = g.token, lease_expires_at = %s, leased_at = %s "
                 "FROM unnest(%b::bigint[], %b::bigint[]) AS g(url_id, token) "
-                "WHERE u.url_id = g.url_id",
+                "WHERE u.url_id = g.url_id AND u.state = 'queued'",
                 (owner, expires, now, [ls.url_id for _, _, ls in leases],
                  [ls.token for _, _, ls in leases]),
             )  # fmt: skip
+            cur.execute(_COUNTED, ("off",))
             if host_ids is None:
                 hosts: list[Any] = [g.host_key for g in grants]
                 per_lease: list[Any] = [g.host_key for g, _, _ in leases]
@@ -452,7 +475,14 @@ class PgStore(SQLStore):
                     [float(g.next_allowed_at) for g in grants],
                     [g.budget_used for g in grants],
                     [g.budget_day for g in grants],
+                    [len(g.leases) for g in grants],
                 ),
+            )
+            cur.execute(_GRANT_STATES, (len(leases), -len(leases)))
+        if leased.rowcount != len(leases):
+            raise FrontierError(
+                f"a grant found {leased.rowcount} of its {len(leases)} URLs queued; "
+                "its counts would be wrong, so the transaction is rolled back"
             )
 
     def finish(self, completions: Sequence[Completion]) -> list[bool]:
