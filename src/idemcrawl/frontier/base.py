@@ -27,7 +27,8 @@ I5  A record write is an upsert keyed by ``record_id = H(source, key)``: unchang
     ``first_seen`` never moves.                                                            (R1)
 I6  A host's ``in_flight`` equals the number of its URLs in state ``leased``. Granting a lease,
     its completion, failure or expiry update that count in the same transaction (the SQL backends
-    keep it with triggers, the memory one in its single state setter, so it cannot drift). A
+    keep it with triggers, PostgreSQL's grant in the statement that writes the host's token, the
+    memory one in its single state setter, so it cannot drift). A
     lease is granted only when ``in_flight`` is below the host's allowance and
     ``next_allowed_at`` has been reached; the grant moves
     ``next_allowed_at`` forward by the host's delay in the same atomic step, so concurrent
