@@ -237,9 +237,9 @@ def test_a_version_6_schema_migrates_in_place(dsn: str, new_schema, admin) -> No
 
 
 def test_a_version_7_schema_migrates_to_the_btree_url_key(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
-    """Version 8 on a version-7 crawl: the hash exclusion constraint goes, every row gets its
-    ``url_key`` and the b-tree ``urls_key``; known URLs stay known (an add of one inserts
-    nothing), new ones are inserted, and a URL's row is found by its text."""
+    """Version 9 on a version-7 crawl (8 changes SQLite only): the hash exclusion constraint
+    goes, every row gets its ``url_key`` and the b-tree ``urls_key``; known URLs stay known (an
+    add of one inserts nothing), new ones are inserted, and a URL's row is found by its text."""
     from idemcrawl.frontier.store import SCHEMA_VERSION
 
     schema = new_schema()
@@ -320,7 +320,7 @@ def test_urls_with_the_same_key_are_two_urls(dsn: str, new_schema, admin) -> Non
 
 
 def test_concurrent_adds_of_the_same_urls_insert_each_once(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
-    """I1 without a unique constraint (schema 8): the URL key is not unique, so the frontier
+    """I1 without a unique constraint (schema 9): the URL key is not unique, so the frontier
     keeps each URL once through the host locks its inserts hold. Four processes' connections
     add the same URLs at the same moment, on hosts that exist and on hosts none of them has
     created yet (the case the lock taken with the new host's id is for), round after round:
@@ -360,7 +360,7 @@ def test_concurrent_adds_of_the_same_urls_insert_each_once(dsn: str, new_schema)
 
 
 def test_inserters_waiting_on_a_new_host_insert_its_urls_once(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
-    """The interleaving I1 needs the host lock of ``_HOST_IDS`` for (schema 8's URL key is not
+    """The interleaving I1 needs the host lock of ``_HOST_IDS`` for (schema 9's URL key is not
     unique): two transactions find no row to lock for a host a third is creating, so both wait
     on its insert of the host; once it commits, each must take the host's lock before its
     ``NOT EXISTS`` insert, or both insert the same new URL."""
@@ -619,7 +619,7 @@ def test_grants_write_the_same_rows_by_host_id_or_by_key(  # type: ignore[no-unt
 
 
 def test_a_grant_writes_each_host_once_and_counts_its_urls(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
-    """Schema 8: the grant writes its hosts' counts with their tokens, and the count trigger
+    """Schema 9: the grant writes its hosts' counts with their tokens, and the count trigger
     skips the grant's UPDATE of urls (it wrote each granted host a second time): one update
     per granted host, counts and per-state totals exact, and the trigger still counts the
     transaction's later updates of urls."""

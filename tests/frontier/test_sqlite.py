@@ -176,7 +176,8 @@ def test_a_version_7_crawl_migrates_to_counting_grants_and_completions(tmp_path:
     con.close()
     f = SQLiteFrontier(str(path))
     try:
-        assert f._db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (8,)
+        assert f._db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert SCHEMA_VERSION >= 8  # version 8 dropped the triggers (9 is PostgreSQL's)
         assert (
             f._db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall() == []
         )

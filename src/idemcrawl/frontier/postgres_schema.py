@@ -143,7 +143,7 @@ $$"""
 
 #: The planner settings migration 7 turns off in the count functions.
 _JOIN_KNOBS = ("enable_hashjoin", "enable_mergejoin")
-#: Schema 8: the update trigger leaves a statement whose writer counted its rows itself
+#: Schema 9: the update trigger leaves a statement whose writer counted its rows itself
 #: (``PgStore.grant`` sets this transaction-local setting around its UPDATE of urls).
 _SKIP_COUNTED = """    IF current_setting('idemcrawl.counted', true) = 'on' THEN
         RETURN NULL;

@@ -48,7 +48,7 @@ _INSERT_HOSTS = (
     "INSERT INTO hosts (host_key) SELECT h FROM unnest(%b::text[]) AS l(h) "
     "ORDER BY 1 ON CONFLICT DO NOTHING"
 )
-#: Insert-if-absent (I1) by the URL key (schema 8: a b-tree on ``url_key_of(url)``, not
+#: Insert-if-absent (I1) by the URL key (schema 9: a b-tree on ``url_key_of(url)``, not
 #: unique) and the text. Safe without a unique constraint because every transaction that
 #: inserts a host's URLs holds that host's row lock to its COMMIT (``lock_hosts``, level 1,
 #: ``_HOST_IDS``): a second inserter of the same URL waits for the lock, and its INSERT, a
@@ -64,7 +64,7 @@ _INSERT_URLS = (
     "WHERE NOT EXISTS (SELECT 1 FROM urls AS x WHERE x.url_key = url_key_of(l.u) "
     "AND x.url = l.u OFFSET 0)"
 )
-#: A URL's row by its text, through ``urls_key`` (schema 8): ``SQLStore``'s ``WHERE url = ?``
+#: A URL's row by its text, through ``urls_key`` (schema 9): ``SQLStore``'s ``WHERE url = ?``
 #: would read the whole table now that no index holds the text's hash alone.
 _BY_URL = "url_key = url_key_of(%s) AND url = %s"
 
@@ -118,7 +118,7 @@ _LEASE_LOG_BY_ID = (
 #: The hosts' tokens and budgets, and the counts of the URLs the grant moved from queued to
 #: leased (``n`` per host), in one write of each host row: the count trigger skips the
 #: grant's UPDATE of urls (``_COUNTED``), which used to write every granted host once more
-#: (schema 8).
+#: (schema 9).
 _GRANT_HOSTS = (
     "UPDATE hosts AS h SET next_allowed_at = g.next_allowed_at, "
     "budget_used = g.used, budget_day = g.day, queued = h.queued - g.n, "
@@ -126,7 +126,7 @@ _GRANT_HOSTS = (
     "FROM unnest(%b::{key}[], %b::float8[], %b::int[], %b::text[], %b::int[]) "
     "AS g(host, next_allowed_at, used, day, n) WHERE h.{column} = g.host"
 )
-#: Schema 8's ``urls_count_update`` does nothing while this transaction-local setting is
+#: Schema 9's ``urls_count_update`` does nothing while this transaction-local setting is
 #: 'on': set around the grant's UPDATE of urls only, whose counts the grant writes itself.
 _COUNTED = "SELECT set_config('idemcrawl.counted', %s, true)"
 #: The grant's per-state totals (the trigger's ``url_states`` upsert, in state order).
@@ -281,7 +281,7 @@ class PgStore(SQLStore):
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
         """Insert-if-absent in one statement (``_INSERT_URLS``); returns how many were new.
         The first occurrence of a URL in the batch is the one inserted, as with ON CONFLICT
-        DO NOTHING before schema 8."""
+        DO NOTHING before schema 9."""
         if not urls:
             return 0
         ids = self.host_ids(sorted({u.host_key for u in urls}))
