@@ -355,7 +355,11 @@ def cmd_crawl(a: argparse.Namespace) -> int:
     mode = "quiet" if a.quiet else ("json" if a.json else "auto")
     with ProgressDisplay(mode) as display:
         summary = run_crawl(
-            cfg, progress=display.message, snapshot=display.update, handle_signals=True
+            cfg,
+            progress=display.message,
+            snapshot=display.update,
+            handle_signals=True,
+            freeze_startup=True,
         )
     if a.json:
         print(json.dumps({**summary.__dict__, "complete": summary.complete}, sort_keys=True))

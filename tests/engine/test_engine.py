@@ -286,3 +286,34 @@ def test_parser_memory_limit_fails_the_url_not_the_crawl(tmp_path: Path) -> None
     row = f.url_row(product)
     f.close()
     assert row is not None and "memory limit" in row["reason"]
+
+
+def test_freeze_startup_objects_takes_them_out_of_the_collectors_walks() -> None:
+    import gc
+
+    from idemcrawl.engine.runner import freeze_startup_objects
+
+    before = gc.get_freeze_count()
+    try:
+        freeze_startup_objects()
+        # this test process's modules, classes and functions
+        assert gc.get_freeze_count() > before + 1000
+    finally:
+        gc.unfreeze()
+
+
+def test_the_crawl_command_freezes_start_up_and_a_library_call_does_not(
+    shop: ShopServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idemcrawl.cli import main
+    from idemcrawl.engine import runner
+
+    frozen: list[bool] = []
+    monkeypatch.setattr(runner, "freeze_startup_objects", lambda: frozen.append(True))
+    assert run_crawl(crawl_config(tmp_path / "lib.db", shop.seed_url)).finished
+    assert frozen == []
+    db = str(tmp_path / "cli.db")
+    flags = ["--quiet", "--parse-workers", "0", "--allow-private", "127.0.0.1", "--delay", "0"]
+    rc = main(["crawl", shop.seed_url, "--db", db, *flags])
+    assert rc == 0
+    assert frozen == [True]
