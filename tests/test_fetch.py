@@ -49,7 +49,6 @@ LOOPBACK_ONLY = parse_allow_list(["127.0.0.1"])
 # -- a fake resolver -------------------------------------------------------------------------
 
 
-
 class FakeResolver(AbstractResolver):
     """Maps names to fixed addresses and records every call; unknown names fail like DNS."""
 
@@ -326,6 +325,8 @@ def test_request_headers_are_sent() -> None:
 
     _, server, _ = run(scenario)
     assert server.requests[0][1]["If-None-Match"] == '"abc"'
+
+
 def test_unknown_name_is_a_connect_error() -> None:
     async def scenario(server: LoopbackServer, spy: ConnectSpy) -> FetchError:
         return await fetch_error(fetcher(allow_private=LOOPBACK_ONLY), "http://nowhere.test/")
@@ -534,6 +535,64 @@ def test_total_timeout_after_the_head_keeps_the_partial_body() -> None:
     assert 0 < len(res.body) < 20
     assert set(res.body) == {ord(".")}
     assert time.monotonic() - t0 < 2  # cut early: the drip alone takes a second
+
+
+def test_total_timeouts_of_staggered_fetches_each_fire_at_their_own_deadline() -> None:
+    # One timer serves every fetch of a fetcher (fetch._Deadlines): a fetch that ends early
+    # leaves its deadline behind, and a later fetch must neither be cut at that earlier
+    # deadline nor outlive its own.
+    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> list[tuple[str, float]]:
+        async with fetcher(allow_private=LOOPBACK_ONLY, total_timeout=0.6) as f:
+            t0 = time.monotonic()
+
+            async def timed(path: str, after: float) -> tuple[str, float]:
+                await asyncio.sleep(after)
+                start = time.monotonic()
+                try:
+                    res = await f.fetch(server.url(path))
+                    outcome = res.cut_reason or str(res.status)
+                except FetchError as exc:
+                    outcome = exc.kind
+                return outcome, time.monotonic() - start
+
+            got = await asyncio.gather(
+                timed("/", 0.0), timed("/drip", 0.3), timed("/slow", 0.45), timed("/", 0.5)
+            )
+            assert not f._deadlines._live  # nothing left behind
+            assert time.monotonic() - t0 < 3
+            return got
+
+    (ok, drip, slow, ok2), _, _ = run(scenario)
+    assert ok[0] == ok2[0] == "200"
+    assert drip[0] == "total_timeout"
+    assert slow[0] == "timeout"
+    # started 0.3 s after the first fetch's deadline was set: cut at its own 0.6 s, not at 0.3
+    assert 0.55 <= drip[1] < 2.0
+    assert 0.55 <= slow[1] < 2.0
+
+
+def test_a_fetch_cancelled_from_outside_is_cancelled_not_timed_out() -> None:
+    async def scenario(server: LoopbackServer, spy: ConnectSpy) -> int:
+        async with fetcher(allow_private=LOOPBACK_ONLY, total_timeout=0.3) as f:
+            task = asyncio.ensure_future(f.fetch(server.url("/slow")))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # cancelled from outside in the same step as the deadline fires: still cancelled
+            task = asyncio.ensure_future(f.fetch(server.url("/slow")))
+            await asyncio.sleep(0.1)
+            (ex,) = f._deadlines._live
+            ex.deadline = 0.0  # due now
+            task.cancel()
+            f._deadlines._fire()
+            assert ex.expired
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return len(f._deadlines._live)
+
+    live, _, _ = run(scenario)
+    assert live == 0
 
 
 def test_connection_refused() -> None:

@@ -454,7 +454,20 @@ def _decoder_for(content_encoding: str | None) -> tuple[_Decoder | None, str | N
 class _Exchange:
     """What one fetch has received so far; survives a timeout so the partial body is kept."""
 
-    __slots__ = ("cut_reason", "decoder", "ip", "notes", "parts", "resp", "size", "wire")
+    __slots__ = (
+        "cancelling",
+        "cut_reason",
+        "deadline",
+        "decoder",
+        "expired",
+        "ip",
+        "notes",
+        "parts",
+        "resp",
+        "size",
+        "task",
+        "wire",
+    )
 
     def __init__(self) -> None:
         self.resp: aiohttp.ClientResponse | None = None  # set once the response head is in
@@ -465,6 +478,12 @@ class _Exchange:
         self.size = 0
         self.wire = 0
         self.cut_reason: str | None = None
+        #: The total timeout (:class:`_Deadlines`): when, which task it cancels, how many
+        #: cancellations that task had pending before, and whether it has fired.
+        self.deadline = 0.0
+        self.task: asyncio.Task[Any] | None = None
+        self.cancelling = 0
+        self.expired = False
 
     def keep(self, data: bytes, limit: int) -> None:
         room = limit - self.size
@@ -474,6 +493,65 @@ class _Exchange:
         if data:
             self.parts.append(data)
             self.size += len(data)
+
+
+class _Deadlines:
+    """The total timeouts of one fetcher's exchanges, kept by one timer instead of one each.
+
+    ``asyncio.timeout()`` scheduled and cancelled a timer handle per fetch: ~27 k of a fetch's
+    579 k instructions (valgrind, 2,000 fetches of the bench site with uvloop), for a timeout
+    that almost never fires. Every exchange of a fetcher has the same length of time, so their
+    deadlines come in the order they start: the dict below (insertion-ordered) holds the
+    exchanges in flight, earliest deadline first, and one timer is armed for the first. When it
+    fires, the exchanges past their deadline are cancelled like ``asyncio.timeout`` does (the
+    task is cancelled; :meth:`Fetcher.fetch` takes the cancellation back with ``uncancel`` and
+    reports a timeout, unless the task was cancelled from elsewhere too) and the timer is armed
+    for the new first; one whose exchange has finished meanwhile just re-arms. A fetch costs a
+    dict insert and a delete; the timer fires about once per timeout length.
+    """
+
+    __slots__ = ("_live", "_loop", "_timer", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._live: dict[_Exchange, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def enter(self, ex: _Exchange) -> None:
+        """Start ``ex``'s time; it belongs to the current task."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("Fetcher.fetch must run inside a task")
+        ex.task = task
+        ex.cancelling = task.cancelling()
+        ex.deadline = loop.time() + self.seconds
+        self._live[ex] = None
+        if self._timer is None or self._loop is not loop:
+            self._loop = loop
+            self._timer = loop.call_at(ex.deadline, self._fire)
+
+    def exit(self, ex: _Exchange) -> None:
+        """``ex`` is over (its timer, if it is the first, fires later and re-arms)."""
+        self._live.pop(ex, None)
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        now = loop.time()
+        live = self._live
+        while live:
+            ex = next(iter(live))
+            if ex.deadline > now:
+                self._timer = loop.call_at(ex.deadline, self._fire)
+                return
+            del live[ex]
+            ex.expired = True
+            assert ex.task is not None
+            ex.task.cancel()
 
 
 class _PeerResponse(aiohttp.ClientResponse):
@@ -509,6 +587,7 @@ class Fetcher:
         self._resolver = GuardedResolver(self.policy, resolver)
         self._concurrency = concurrency
         self._session: aiohttp.ClientSession | None = None
+        self._deadlines = _Deadlines(settings.total_timeout)
 
     async def __aenter__(self) -> Fetcher:
         connector = aiohttp.TCPConnector(
@@ -562,14 +641,22 @@ class Fetcher:
                 raise FetchError("blocked", str(exc)) from None
         t0 = time.monotonic()
         ex = _Exchange()
-        deadline = asyncio.timeout(self.settings.total_timeout)
+        deadlines = self._deadlines
+        deadlines.enter(ex)
         try:
-            async with deadline:
-                await self._exchange(url, host, headers, ex, method, body)
-        except TimeoutError as exc:
+            await self._exchange(url, host, headers, ex, method, body)
+        except asyncio.CancelledError:
+            assert ex.task is not None
+            # Ours (the total timeout) only if no one else cancelled the task meanwhile.
+            if not ex.expired or ex.task.uncancel() > ex.cancelling:
+                raise
+            if ex.resp is None:
+                raise FetchError("timeout", "no response in time") from None
+            ex.cut_reason = "total_timeout"
+        except TimeoutError as exc:  # aiohttp's connect or read timeout
             if ex.resp is None:
                 raise FetchError("timeout", str(exc) or "no response in time") from None
-            ex.cut_reason = "total_timeout" if deadline.expired() else "read_timeout"
+            ex.cut_reason = "read_timeout"
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, BlockedAddress):
                 raise FetchError("blocked", str(exc.os_error)) from None
@@ -585,6 +672,8 @@ class Fetcher:
             raise FetchError("protocol", f"broken response body: {exc}") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise FetchError("network", f"{type(exc).__name__}: {exc}") from None
+        finally:
+            deadlines.exit(ex)
         return self._result(url, ex, time.monotonic() - t0)
 
     async def _exchange(
