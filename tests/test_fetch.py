@@ -299,8 +299,12 @@ def test_result_records_the_exchange_for_warc() -> None:
     assert res.wire_bytes == len(res.body) == len(b"<h1>hello</h1>")
     assert res.content_encoding is None
     assert res.notes == ()
-    # response headers as received: original case, order kept, nothing lower-cased
+    # response headers as received: original case, order kept, nothing lower-cased; decoded
+    # from the bytes on the wire only when read (most fetches never read them)
+    assert res._raw_headers is None
+    assert (b"ETag", b'"abc"') in res.wire_headers
     names = [k for k, _ in res.raw_headers]
+    assert res.raw_headers is res._raw_headers  # decoded once
     assert names.index("X-Custom-Header") < names.index("ETag")
     assert ("ETag", '"abc"') in res.raw_headers
     assert ("Content-Length", "14") in res.raw_headers
@@ -312,6 +316,14 @@ def test_result_records_the_exchange_for_warc() -> None:
     assert sent["Accept-Encoding"] == accept_encoding()
     got = server.requests[0][1]
     assert all(got[k] == v for k, v in res.request_headers)
+
+
+def test_raw_headers_are_latin1_and_a_hand_built_result_may_give_them_decoded() -> None:
+    wire = FetchResult("u", 200, {}, b"", 0.0, wire_headers=((b"X-A", b"caf\xe9"),))
+    assert wire.raw_headers == [("X-A", "café")]
+    given = FetchResult("u", 200, {}, b"", 0.0, raw_headers=[("X-B", "1")])
+    assert given.raw_headers == [("X-B", "1")]
+    assert FetchResult("u", 200, {}, b"", 0.0).raw_headers == []
 
 
 def test_accept_encoding_lists_every_decoder() -> None:
