@@ -411,3 +411,29 @@ async def _error_open(f: Any, url: str) -> FetchError:
     except FetchError as exc:
         return exc
     raise AssertionError(f"fetching {url} did not raise FetchError")
+
+
+def test_verdicts_are_cached_per_policy_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import idemcrawl.fetch as fetch_module
+
+    strict, loopback = AddressPolicy(), AddressPolicy(LOOPBACK_ONLY)
+    with pytest.raises(BlockedAddress):
+        strict.check("h", "127.0.0.1")
+    loopback.check("h", "127.0.0.1")  # another policy's verdict on the same address
+    with pytest.raises(BlockedAddress):
+        strict.check("h", "127.0.0.1")  # cached, still refused
+    judged: list[str] = []
+    real = AddressPolicy.forbidden_reason
+
+    def counting(self: AddressPolicy, ip: Any) -> str | None:
+        judged.append(str(ip))
+        return real(self, ip)
+
+    monkeypatch.setattr(AddressPolicy, "forbidden_reason", counting)
+    loopback.check("h", "127.0.0.1")
+    assert judged == []  # answered from the cache
+    monkeypatch.setattr(fetch_module, "_VERDICTS_MAX", 3)
+    for n in range(10):
+        loopback.check("h", f"8.8.8.{n}")
+    assert len(loopback._verdicts) <= 3
+    assert len(judged) == 10

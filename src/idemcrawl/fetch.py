@@ -120,6 +120,12 @@ class AddressPolicy:
     """
 
     allow: tuple[IPNetwork, ...] = ()
+    #: :meth:`check`'s verdicts by address string. Per policy rather than one ``lru_cache``
+    #: keyed by (policy, address): hashing the policy (a dataclass of ``ipaddress`` networks,
+    #: in Python) on every call cost ~11 k instructions per fetch, which makes two checks.
+    _verdicts: dict[str, str | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     def forbidden_reason(self, ip: IPAddress) -> str | None:
         mapped = getattr(ip, "ipv4_mapped", None)
@@ -153,16 +159,22 @@ class AddressPolicy:
         return None
 
     def check(self, host: str, address: str) -> None:
-        reason = _verdict(self, address)
+        verdicts = self._verdicts
+        reason = verdicts.get(address, _UNJUDGED)
+        if reason is _UNJUDGED:
+            # Cached: every fetch checks its peer (and often a literal host), and parsing an
+            # address costs more than the rest of the check. Bounded like the lru_cache was.
+            if len(verdicts) >= _VERDICTS_MAX:
+                verdicts.clear()
+            reason = verdicts[address] = self.forbidden_reason(
+                ipaddress.ip_address(address.split("%", 1)[0])
+            )
         if reason:
             raise BlockedAddress(f"{host} -> {reason} refused (use --allow-private to permit)")
 
 
-@functools.lru_cache(maxsize=4096)
-def _verdict(policy: AddressPolicy, address: str) -> str | None:
-    """``forbidden_reason`` by address string, cached: every fetch checks its peer (and often a
-    literal host), and parsing an address costs more than the rest of the check."""
-    return policy.forbidden_reason(ipaddress.ip_address(address.split("%", 1)[0]))
+_UNJUDGED: Any = object()
+_VERDICTS_MAX = 4096
 
 
 @functools.lru_cache(maxsize=4096)
