@@ -601,10 +601,35 @@ def test_a_fetch_cancelled_from_outside_is_cancelled_not_timed_out() -> None:
             assert ex.expired
             with pytest.raises(asyncio.CancelledError):
                 await task
+            assert ex.task is task and task.cancelling() == 1  # the timeout's taken back
             return len(f._deadlines._live)
 
     live, _, _ = run(scenario)
     assert live == 0
+
+
+def test_a_fired_deadline_whose_cancellation_was_swallowed_is_taken_back_on_exit() -> None:
+    from idemcrawl.fetch import _Deadlines, _Exchange
+
+    async def body() -> tuple[int, int]:
+        deadlines = _Deadlines(60.0)
+        ex = _Exchange()
+        deadlines.enter(ex)
+        (first,) = deadlines._live
+        first.deadline = 0.0  # due now
+        deadlines._fire()
+        with contextlib.suppress(asyncio.CancelledError):  # something on the way swallows it
+            await asyncio.sleep(0)
+        task = asyncio.current_task()
+        assert task is not None
+        pending = task.cancelling()
+        deadlines.exit(ex)
+        return pending, task.cancelling()
+
+    async def main() -> tuple[int, int]:
+        return await asyncio.create_task(body())
+
+    assert asyncio.run(main()) == (1, 0)
 
 
 def test_connection_refused() -> None:

@@ -518,7 +518,8 @@ class _Exchange:
         self.wire = 0
         self.cut_reason: str | None = None
         #: The total timeout (:class:`_Deadlines`): when, which task it cancels, how many
-        #: cancellations that task had pending before, and whether it has fired.
+        #: cancellations that task had pending before, and whether it has fired (and its
+        #: cancellation is not taken back yet).
         self.deadline = 0.0
         self.task: asyncio.Task[Any] | None = None
         self.cancelling = 0
@@ -572,8 +573,17 @@ class _Deadlines:
             self._timer = loop.call_at(ex.deadline, self._fire)
 
     def exit(self, ex: _Exchange) -> None:
-        """``ex`` is over (its timer, if it is the first, fires later and re-arms)."""
+        """``ex`` is over (its timer, if it is the first, fires later and re-arms).
+
+        A deadline that fired and whose cancellation the exchange never saw (swallowed on the
+        way) is taken back here, as ``asyncio.timeout`` does on exit, so the task's count of
+        pending cancellations stays right.
+        """
         self._live.pop(ex, None)
+        if ex.expired:
+            ex.expired = False
+            assert ex.task is not None
+            ex.task.uncancel()
 
     def _fire(self) -> None:
         self._timer = None
@@ -685,10 +695,12 @@ class Fetcher:
         try:
             await self._exchange(url, host, headers, ex, method, body)
         except asyncio.CancelledError:
-            assert ex.task is not None
-            # Ours (the total timeout) only if no one else cancelled the task meanwhile.
-            if not ex.expired or ex.task.uncancel() > ex.cancelling:
+            if not ex.expired:
                 raise
+            ex.expired = False  # the timeout's cancellation is taken back here, once
+            assert ex.task is not None
+            if ex.task.uncancel() > ex.cancelling:
+                raise  # cancelled from elsewhere too: that one wins
             if ex.resp is None:
                 raise FetchError("timeout", "no response in time") from None
             ex.cut_reason = "total_timeout"
