@@ -28,8 +28,9 @@ import shutil
 import sys
 import tempfile
 
-from idemcrawl.frontier.base import Completion, HostPolicy, NewURL, RecordWrite
+from idemcrawl.frontier.base import HostPolicy, NewURL
 from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.lab.bench.frontier import _completions as bench_completions
 
 EPOCH = 1_000_000.0
 LEASE_TTL = 600.0
@@ -68,14 +69,7 @@ def run(path: str, cycles: int, batch: int, links: int, lease_only: bool) -> Non
             now += 0.01
             if lease_only:
                 continue
-            out = []
-            for ls in leases:
-                new = [
-                    NewURL(f"{ls.host_key}/n/{ls.url_id}/{k}", ls.host_key, depth=ls.depth + 1)
-                    for k in range(links)
-                ]
-                rec = RecordWrite.make("bench", str(ls.url_id), {"url": ls.url, "n": 1})
-                out.append(Completion(ls, 200, now, [rec], new, "h", 15_000))
+            out = bench_completions(leases, now, links)  # what bench frontier completes
             os.getppid()
             ok = f.complete(out, now, policy)
             os.getppid()

@@ -87,6 +87,15 @@ def _versions(admin: Any, schema: str) -> list[int]:
     return [r[0] for r in rows]
 
 
+def _url_indexes(admin: Any, schema: str) -> set[str]:
+    """The names of the indexes on ``schema``'s ``urls`` table."""
+    rows = admin.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'urls'",
+        (schema,),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
 # -- migrations and schemas ---------------------------------------------------------------------
 
 
@@ -141,13 +150,7 @@ def test_a_version_5_schema_migrates_in_place(dsn: str, new_schema, admin) -> No
     f = _open(dsn, schema)
     try:
         assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
-        indexes = {
-            r[0]
-            for r in admin.execute(
-                "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'urls'",
-                (schema,),
-            ).fetchall()
-        }
+        indexes = _url_indexes(admin, schema)
         assert not {"urls_state", "urls_due"} & indexes
         assert {"urls_queue", "urls_deferred"} <= indexes
         check_migrated(f)
@@ -260,13 +263,7 @@ def test_a_version_7_schema_migrates_to_the_btree_url_key(dsn: str, new_schema, 
     try:
         assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
         admin.execute(f"SET search_path TO {schema}")
-        indexes = {
-            r[0]
-            for r in admin.execute(
-                "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'urls'",
-                (schema,),
-            ).fetchall()
-        }
+        indexes = _url_indexes(admin, schema)
         assert "urls_key" in indexes and "urls_url" not in indexes
         assert admin.execute(
             "SELECT count(*) FROM pg_constraint WHERE conrelid = 'urls'::regclass AND contype = 'x'"
