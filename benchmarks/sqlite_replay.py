@@ -28,26 +28,18 @@ import shutil
 import sys
 import tempfile
 
-from idemcrawl.frontier.base import HostPolicy, NewURL
+from idemcrawl.frontier.base import HostPolicy
 from idemcrawl.frontier.sqlite import SQLiteFrontier
+from idemcrawl.lab.bench.frontier import _EPOCH as EPOCH
 from idemcrawl.lab.bench.frontier import _completions as bench_completions
+from idemcrawl.lab.bench.frontier import _seed as bench_seed
 
-EPOCH = 1_000_000.0
 LEASE_TTL = 600.0
 
 
 def seed(path: str, hosts: int, per_host: int) -> None:
     f = SQLiteFrontier(path)
-    keys = [f"http://h{h:06d}.bench.invalid" for h in range(hosts)]
-    chunk: list[NewURL] = []
-    for i in range(per_host):
-        for hk in keys:
-            chunk.append(NewURL(f"{hk}/p/{i}", hk))
-            if len(chunk) >= 20_000:
-                f.add(chunk, EPOCH)
-                chunk = []
-    if chunk:
-        f.add(chunk, EPOCH)
+    bench_seed(f, hosts, per_host)  # the URLs bench frontier seeds, at the same clock
     f._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     f.close()
 

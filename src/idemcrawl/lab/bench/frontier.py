@@ -462,12 +462,12 @@ def _count_calls(
 # -- the run ----------------------------------------------------------------------------------
 
 
-def _seed(frontier: Frontier, opts: FrontierBenchOptions) -> float:
+def _seed(frontier: Frontier, hosts: int, urls_per_host: int) -> float:
     """Add hosts x urls_per_host URLs (host-interleaved, in chunks); returns the seconds taken."""
-    host_keys = [f"http://h{h:06d}.bench.invalid" for h in range(opts.hosts)]
+    host_keys = [f"http://h{h:06d}.bench.invalid" for h in range(hosts)]
     t = time.perf_counter()
     chunk: list[NewURL] = []
-    for i in range(opts.urls_per_host):
+    for i in range(urls_per_host):
         for hk in host_keys:
             chunk.append(NewURL(f"{hk}/p/{i}", hk))
             if len(chunk) >= 20_000:
@@ -517,7 +517,7 @@ def run_frontier_bench(
         server: dbcost.ServerProcesses | None = None
         try:
             seeded = opts.hosts * opts.urls_per_host
-            add_s = _seed(frontier, opts)
+            add_s = _seed(frontier, opts.hosts, opts.urls_per_host)
             log(f"added {seeded} URLs in {add_s:.1f} s")
             if where.backend == "postgresql":
                 server = dbcost.ServerProcesses(
