@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from idemcrawl.frontier.base import Frontier
+from idemcrawl.frontier.base import Frontier, Inspection
 from idemcrawl.frontier.memory import MemoryFrontier
 from idemcrawl.frontier.sqlite import SQLiteFrontier
 
@@ -74,6 +74,20 @@ def drop_pg_schema(schema: str) -> None:
     with psycopg.connect(PG_DSN, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     _created_schemas.discard(schema)
+
+
+def queued_and_leased_by_host(
+    frontier: Inspection,
+) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """Each host's [queued, leased] URLs counted row by row, and the [queued, in_flight] its host
+    row keeps (invariant I6 says they are equal)."""
+    counted: dict[str, list[int]] = {}
+    for row in frontier.url_rows():
+        c = counted.setdefault(row["host_key"], [0, 0])
+        c[0] += row["state"] == "queued"
+        c[1] += row["state"] == "leased"
+    kept = {h["host_key"]: [h["queued"], h["in_flight"]] for h in frontier.host_rows()}
+    return counted, kept
 
 
 def open_backend(name: str, tmp_path: Path, rng: random.Random | None = None) -> Frontier:

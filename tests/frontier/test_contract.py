@@ -18,6 +18,8 @@ from idemcrawl.frontier.base import (
     record_id,
 )
 
+from .conftest import queued_and_leased_by_host
+
 T0 = 1_000_000.0
 FAST = HostPolicy(max_in_flight=8, delay=0.0)
 POLITE = HostPolicy(max_in_flight=1, delay=1.0)
@@ -469,12 +471,7 @@ def test_host_counts_equal_a_count_of_the_rows_after_every_move(frontier: Fronti
     from idemcrawl.robots import RobotsCache, RobotsSettings
 
     def check() -> None:
-        counted: dict[str, list[int]] = {}
-        for row in frontier.url_rows():
-            c = counted.setdefault(row["host_key"], [0, 0])
-            c[0] += row["state"] == "queued"
-            c[1] += row["state"] == "leased"
-        kept = {h["host_key"]: [h["queued"], h["in_flight"]] for h in frontier.host_rows()}
+        counted, kept = queued_and_leased_by_host(frontier)
         assert {k: v for k, v in kept.items() if v != [0, 0]} == {
             k: v for k, v in counted.items() if v != [0, 0]
         }

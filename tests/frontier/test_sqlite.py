@@ -14,6 +14,8 @@ from idemcrawl.frontier import sqlite as sqlite_mod
 from idemcrawl.frontier.base import FrontierError, NewURL
 from idemcrawl.frontier.sqlite import SCHEMA_VERSION, SQLiteFrontier
 
+from .conftest import queued_and_leased_by_host
+
 
 def _open_close(path: str) -> None:
     SQLiteFrontier(path).close()
@@ -186,12 +188,7 @@ def test_a_version_7_crawl_migrates_to_counting_grants_and_completions(tmp_path:
         leases = f.lease("w3", 10, T0 + 20, 30, fast)
         assert leases
         assert f.complete([Completion(ls, 200, T0 + 21) for ls in leases], T0 + 21, fast)
-        counted: dict[str, list[int]] = {}
-        for r in f.url_rows():
-            c = counted.setdefault(r["host_key"], [0, 0])
-            c[0] += r["state"] == "queued"
-            c[1] += r["state"] == "leased"
-        kept = {h["host_key"]: [h["queued"], h["in_flight"]] for h in f.host_rows()}
+        counted, kept = queued_and_leased_by_host(f)
         assert {k: kept[k] for k in counted} == counted
         by_state = dict(f._db.execute("SELECT state, n FROM url_states").fetchall())
         for state, n in f.stats().urls_by_state.items():
