@@ -336,7 +336,26 @@ class SQLStore:
         self._check_moved("granted", sum(len(g.leases) for g in grants), leased)
         self._move_states("queued", "leased", leased)
         ids = self._host_id
-        if not all(g.host_key in ids for g in grants):
+        # Normally every granted host came from level 1: by id, and the lease log in multi-row
+        # inserts (0.56 -> 0.20 ms for 256 rows; the hosts' update 1.46 -> 1.13 ms).
+        by_id = all(g.host_key in ids for g in grants)
+        if by_id:
+            log: list[Any] = []
+            for g in grants:
+                h = ids[g.host_key]
+                for i, ls in enumerate(g.leases):
+                    log += (h, ls.url_id, ls.kind, ls.start_at or now, ls.due_at, g.min_gap,
+                            g.allowance, g.in_flight + i)  # fmt: skip
+            step = max(1, self.dialect.max_params // 8) * 8
+            for i in range(0, len(log), step):
+                values = log[i : i + step]
+                self.cur.execute(
+                    "INSERT INTO lease_log(host_id, url_id, kind, granted_at, eligible_at, "
+                    "min_gap, allowance, in_flight_before) VALUES "
+                    + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * (len(values) // 8)),
+                    values,
+                )
+        else:
             self._xm(
                 LEASE_LOG,
                 [
@@ -346,39 +365,13 @@ class SQLStore:
                     for i, ls in enumerate(g.leases)
                 ],
             )  # fmt: skip
-            self._xm(
-                "UPDATE hosts SET next_allowed_at = ?, budget_used = ?, budget_day = ?, "
-                "queued = queued - ?, in_flight = in_flight + ? WHERE host_key = ?",
-                [
-                    (g.next_allowed_at, g.budget_used, g.budget_day, len(g.leases),
-                     len(g.leases), g.host_key)
-                    for g in grants
-                ],
-            )  # fmt: skip
-            return
-        # Every granted host came from level 1: by id, and the lease log in multi-row
-        # inserts (0.56 -> 0.20 ms for 256 rows; the hosts' update 1.46 -> 1.13 ms).
-        log: list[Any] = []
-        for g in grants:
-            h = ids[g.host_key]
-            for i, ls in enumerate(g.leases):
-                log += (h, ls.url_id, ls.kind, ls.start_at or now, ls.due_at, g.min_gap,
-                        g.allowance, g.in_flight + i)  # fmt: skip
-        step = max(1, self.dialect.max_params // 8) * 8
-        for i in range(0, len(log), step):
-            values = log[i : i + step]
-            self.cur.execute(
-                "INSERT INTO lease_log(host_id, url_id, kind, granted_at, eligible_at, min_gap, "
-                "allowance, in_flight_before) VALUES "
-                + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * (len(values) // 8)),
-                values,
-            )
         self._xm(
             "UPDATE hosts SET next_allowed_at = ?, budget_used = ?, budget_day = ?, "
-            "queued = queued - ?, in_flight = in_flight + ? WHERE host_id = ?",
+            "queued = queued - ?, in_flight = in_flight + ? WHERE "
+            f"{'host_id' if by_id else 'host_key'} = ?",
             [
                 (g.next_allowed_at, g.budget_used, g.budget_day, len(g.leases), len(g.leases),
-                 ids[g.host_key])
+                 ids[g.host_key] if by_id else g.host_key)
                 for g in grants
             ],
         )  # fmt: skip
