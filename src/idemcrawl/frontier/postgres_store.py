@@ -126,6 +126,21 @@ _GRANT_HOSTS = (
     "FROM unnest(%b::{key}[], %b::float8[], %b::int[], %b::text[], %b::int[]) "
     "AS g(host, next_allowed_at, used, day, n) WHERE h.{column} = g.host"
 )
+#: The grant's URL rows, found through ``urls_pkey`` by the redundant ``url_id = ANY(ids)``
+#: whatever the statistics say. With ``u.state = 'queued'`` written as a constant and no other
+#: bound on ``u``, a plan made while the statistics counted few queued URLs (a crawl analyzed
+#: early, as a growing crawl is) walked all of ``urls_queue`` and hashed it against the batch:
+#: 3-11 ms for 8-44 grants at 6,000-10,000 queued URLs, 40 % of the crawl's server time
+#: (auto_explain, docs/benchmarks.md, session 9). The constant comes from the batch
+#: (``OFFSET 0`` keeps it there), so ``urls_queue``'s predicate never matches: only the
+#: primary key bounds the scan.
+_GRANT_URLS = (
+    "UPDATE urls AS u SET state = 'leased', lease_owner = %s, "
+    "lease_token = g.token, lease_expires_at = %s, leased_at = %s "
+    "FROM (SELECT *, 'queued'::text AS queued FROM unnest(%b::bigint[], %b::bigint[]) "
+    "AS l(url_id, token) OFFSET 0) AS g "
+    "WHERE u.url_id = ANY(%b::bigint[]) AND u.url_id = g.url_id AND u.state = g.queued"
+)
 #: Schema 9's ``urls_count_update`` does nothing while this transaction-local setting is
 #: 'on': set around the grant's UPDATE of urls only, whose counts the grant writes itself.
 _COUNTED = "SELECT set_config('idemcrawl.counted', %s, true)"
@@ -167,7 +182,11 @@ _DONE_CAST: dict[str, Callable[[Any], Any]] = {
 #: planner (``OFFSET 0``: the constant is not pulled up): with statistics analyzed while no URL
 #: was leased (a fresh seed) it expects one leased row, walks the partial index ``urls_leases``
 #: and joins the batch in a nested loop that unnests all its arrays again for every leased row
-#: (115 ms for 256 pages at 10^5 URLs; 0.3 ms per URL looked up by key, as it is now).
+#: (115 ms for 256 pages at 10^5 URLs; 0.3 ms per URL looked up by key, as it is now). The
+#: redundant ``u.url_id = ANY(ids)`` bounds the scan of ``urls`` by the primary key whatever
+#: the statistics say: a plan made on statistics of a smaller crawl read every URL row and
+#: hashed it against the batch (a sequential scan of 6,000 rows for 28 pages, ``bench
+#: crawl``; auto_explain, docs/benchmarks.md, session 9).
 _DONE_SQL = (
     "UPDATE urls AS u SET state = 'done', attempts = 0, lease_owner = NULL, "
     "lease_token = NULL, lease_expires_at = NULL, "
@@ -181,7 +200,7 @@ _DONE_SQL = (
     + ") AS l(url_id, version, token, "
     + ", ".join(col for col, _ in DONE_COLUMNS)
     + ") OFFSET 0) AS c WHERE u.url_id = c.url_id AND u.state = c.leased "
-    "AND u.version = c.version AND u.lease_token = c.token "
+    "AND u.version = c.version AND u.lease_token = c.token AND u.url_id = ANY(%b::bigint[]) "
     "RETURNING c.url_id, c.version, c.token"
 )
 
@@ -193,11 +212,13 @@ def done_params(fenced: Sequence[Completion]) -> tuple[list[Any], ...]:
         [None if v[i] is None else _DONE_CAST[col](v[i]) for v in values]
         for i, (col, _) in enumerate(DONE_COLUMNS)
     ]
+    ids = [c.lease.url_id for c in fenced]
     return (
-        [c.lease.url_id for c in fenced],
+        ids,
         [c.lease.version for c in fenced],
         [c.lease.token for c in fenced],
         *columns,
+        ids,
     )
 
 
@@ -440,14 +461,10 @@ class PgStore(SQLStore):
             # count trigger skips this statement. ``state = 'queued'`` and the row count
             # checked after the pipeline keep the counts exact (I6) should that ever not hold.
             cur.execute(_COUNTED, ("on",))
+            ids = [ls.url_id for _, _, ls in leases]
             leased.execute(
-                "UPDATE urls AS u SET state = 'leased', lease_owner = %s, "
-                "lease_token = g.token, lease_expires_at = %s, leased_at = %s "
-                "FROM unnest(%b::bigint[], %b::bigint[]) AS g(url_id, token) "
-                "WHERE u.url_id = g.url_id AND u.state = 'queued'",
-                (owner, expires, now, [ls.url_id for _, _, ls in leases],
-                 [ls.token for _, _, ls in leases]),
-            )  # fmt: skip
+                _GRANT_URLS, (owner, expires, now, ids, [ls.token for _, _, ls in leases], ids)
+            )
             cur.execute(_COUNTED, ("off",))
             if host_ids is None:
                 hosts: list[Any] = [g.host_key for g in grants]
