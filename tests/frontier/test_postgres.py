@@ -1091,6 +1091,36 @@ def test_grant_and_completion_find_their_urls_by_key_on_a_smaller_crawls_statist
     f.close()
 
 
+def test_progress_reads_no_refetch_entry_of_a_crawl_without_refetch_times(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema
+) -> None:
+    """Statistics taken before any URL was done: ``progress`` must not walk every done URL's
+    ``urls_refetch`` entry (all NULL without recrawl) for the earliest refetch time, as the
+    aggregate over the whole index did (2.6 ms a call after 11,000 pages of bench crawl)."""
+    from idemcrawl.frontier.postgres import PostgresFrontier
+    from idemcrawl.frontier.sql import PROGRESS
+    from idemcrawl.frontier.sql_dialect import POSTGRES
+
+    f: PostgresFrontier = _open(dsn, new_schema())
+    f.add([NewURL(f"http://h{h}/p{i}", f"http://h{h}") for h in range(100) for i in range(10)], T0)
+    f._run(lambda s: s.cur.execute("ANALYZE urls"))
+    leases = f.lease("w", 800, T0, 60, FAST)
+    assert len(leases) == 800
+    assert all(f.complete([_page(ls, T0 + 1, 0) for ls in leases], T0 + 1, FAST))
+    assert f.progress(T0 + 2).next_refetch_at is None
+
+    def plan(s: Any) -> str:
+        rows = s.cur.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + POSTGRES.sql(PROGRESS)
+        ).fetchall()
+        return "\n".join(r[0] for r in rows)
+
+    text = f._run(plan, write=False)
+    refetch = [ln for ln in text.splitlines() if "urls_refetch" in ln]
+    assert refetch and all("actual rows=0 " in ln for ln in refetch), text
+    f.close()
+
+
 def test_set_based_completion_matches_sqlite(dsn: str, new_schema, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """One batch over several hosts, with a record written twice in it (the row-by-row path)
     and once more in the next batch (the one-statement upsert): PostgreSQL's set-based host
