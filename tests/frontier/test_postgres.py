@@ -287,6 +287,39 @@ def test_a_version_7_schema_migrates_to_the_btree_url_key(dsn: str, new_schema, 
         f.close()
 
 
+def test_version_10_samples_only_the_columns_plans_use(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """Version 10 on a version-9 crawl: ANALYZE keeps statistics of the columns the
+    scheduling statements plan on (state, host_id, due_at, ...) and skips the URL's text, its
+    fetch facts and the record bodies, whose sorting was most of an ANALYZE's cost."""
+    from idemcrawl.frontier.store import SCHEMA_VERSION
+
+    schema = new_schema()
+    _schema_at_version(admin, schema, 9)
+    admin.execute("INSERT INTO hosts (host_key) VALUES ('http://a'), ('http://b')")
+    admin.execute(
+        "INSERT INTO urls (url, host_id, due_at, etag) SELECT h.host_key || '/p' || i, "
+        "h.host_id, %s, 'e' || i FROM hosts h, generate_series(0, 99) i",
+        (T0,),
+    )
+    admin.execute("RESET search_path")
+    f = _open(dsn, schema)
+    try:
+        assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
+        assert f.add(_urls("http://a", 102), T0) == 2  # known URLs stay known
+        admin.execute(f"ANALYZE {schema}.urls")
+        analyzed = {
+            r[0]
+            for r in admin.execute(
+                "SELECT attname FROM pg_stats WHERE schemaname = %s AND tablename = 'urls'",
+                (schema,),
+            ).fetchall()
+        }
+        assert {"url_id", "url_key", "host_id", "state", "priority", "due_at", "kind"} <= analyzed
+        assert not analyzed & {"url", "etag", "content_hash", "lease_token"}, analyzed
+    finally:
+        f.close()
+
+
 def test_urls_with_the_same_key_are_two_urls(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
     """``url_key`` is a hash: two URLs of a host may share it. Each is still its own URL
     (inserted once, found by its text), because the key only narrows the search."""
