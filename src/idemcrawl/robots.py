@@ -421,6 +421,14 @@ class RobotsCache:
         _, parsed, allows_all = self._entry(host_key, state)
         return allows_all or parsed.can_fetch(url, self.token)
 
+    def allows_every_url(self, host_key: str, state: RobotsState | None) -> bool:
+        """True when :meth:`allowed` answers True for every URL of the host under ``state``
+        (a 4xx robots.txt, or a file that refuses nothing): the lease path then neither reads
+        spare URLs in case some are refused nor checks the ones it grants."""
+        if state is None or state.mode == DISALLOW_ALL:
+            return False
+        return state.mode == ALLOW_ALL or self._entry(host_key, state)[2]
+
     def effective_delay(self, state: RobotsState | None, configured: float) -> float:
         """Seconds between request starts for the host: never less than the site asked for.
 
