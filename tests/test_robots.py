@@ -502,3 +502,67 @@ def test_disallowed_prefix_never_allowed(
     target = url_path(prefixes[pick % len(prefixes)] + suffix)
     assume(target != robots.ROBOTS_PATH)
     assert can(state, target) is False
+
+
+# --- robots.txt files that refuse nothing (the lease path skips Protego for them) -----------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("User-agent: *\nAllow: /\n", True),
+        ("", True),
+        ("# Disallow: /x\nUser-agent: *\nDisallow:\n", True),
+        ("\ufeffUser-agent: *\nCrawl-delay: 1\nSitemap: https://shop.example/s.xml\n", True),
+        ("User-agent: *\nDisallow: /x\n", False),
+        ("User-agent: *\nDissalow: /x\n", False),  # a misspelling Protego honours
+        ("User-agent: *\nDisallow /x\n", False),  # no colon: left to Protego
+        ("User-agent: *\nNoindex: /x\n", False),  # unknown directive with a value
+    ],
+)
+def test_refuses_nothing(body: str, expected: bool) -> None:
+    assert robots.refuses_nothing(body.encode()) is expected
+
+
+_LINES = st.sampled_from(
+    [
+        "User-agent: *", "User-agent: idemcrawl", "User-agent: otherbot", "useragent idemcrawl",
+        "Allow: /", "Allow: /a", "Disallow:", "Disallow: /a", "disallow: /b*", "Dissallow: /a",
+        "Disallow /a", "Crawl-delay: 2", "Sitemap: /s.xml", "# Disallow: /a", "", "Noindex: /a",
+        "Disallow: /*.php$", "Host: shop.example", "Allow: /a # Disallow: /",
+    ]
+)  # fmt: skip
+
+
+@given(st.lists(_LINES, max_size=8), st.sampled_from(["/", "/a", "/a/b", "/b.php", "/x?q=1"]))
+def test_allowed_without_protego_only_when_protego_allows(lines: list[str], path: str) -> None:
+    """Whatever the file, the cache's verdict is Protego's: the fast path for files that
+    refuse nothing never allows what Protego refuses."""
+    body = "\n".join(lines).encode()
+    state = rules(body.decode())
+    if state.mode != robots.RULES:
+        return
+    url = HOST + path
+    expected = Protego.parse(body.decode()).can_fetch(url, SETTINGS.token)
+    assert RobotsCache(SETTINGS).allowed(HOST, state, url) is expected
+    if robots.refuses_nothing(body):
+        assert expected is True
+
+
+def test_file_that_refuses_nothing_skips_matching(monkeypatch: pytest.MonkeyPatch) -> None:
+    matched: list[str] = []
+    original = Protego.can_fetch
+
+    def counting(self: Protego, url: str, user_agent: str) -> bool:
+        matched.append(url)
+        return original(self, url, user_agent)
+
+    monkeypatch.setattr(Protego, "can_fetch", counting)
+    cache = RobotsCache(SETTINGS)
+    open_site = rules("User-agent: *\nAllow: /\n")
+    assert all(cache.allowed(HOST, open_site, f"{HOST}/p/{i}") for i in range(20))
+    assert matched == []
+    closed = rules("User-agent: *\nDisallow: /p/1\n", now=NOW + 1)
+    assert cache.allowed(HOST, closed, HOST + "/p/1") is False
+    assert cache.allowed(HOST, closed, HOST + "/p/2") is True
+    assert matched == [HOST + "/p/1", HOST + "/p/2"]

@@ -63,6 +63,7 @@ __all__ = [
     "needs_fetch",
     "outcome",
     "product_token",
+    "refuses_nothing",
     "robots_url",
     "state_from_row",
     "state_to_row",
@@ -241,6 +242,41 @@ def _parse(body: bytes) -> Protego:
     return Protego.parse(_decode(body))
 
 
+#: Directives that never refuse a URL, in every spelling Protego reads them (a "Disallow" with
+#: no value is ignored by Protego and refuses nothing either).
+_HARMLESS_DIRECTIVES: Final = frozenset(
+    {
+        "user-agent", "useragent", "user agent", "allow", "sitemap", "sitemaps", "site-map",
+        "crawl-delay", "crawl delay", "request-rate", "request rate", "visit-time",
+        "visit time", "host",
+    }
+)  # fmt: skip
+
+
+def refuses_nothing(body: bytes) -> bool:
+    """True when the robots.txt ``body`` cannot disallow any URL for any user agent.
+
+    A very common file, ``User-agent: *`` + ``Allow: /`` (the benchmark site's), has no rule
+    that refuses anything, yet each of its URLs cost a Protego ``can_fetch`` on the lease path
+    (~12 k instructions: URL quoting and rule matching), once per granted URL. Only a disallow
+    directive with a value can refuse a URL; so when every line, comments removed, is empty, a
+    harmless directive, or a directive without a value, every URL is allowed. Anything else (an
+    unknown directive with a value, a misspelt "Dissalow" that Protego honours, a line without
+    a colon that Protego might still read as a directive) answers False and leaves the verdicts
+    to Protego: the test is conservative, never a second parser that could disagree with it.
+    """
+    for line in _decode(body).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        field, colon, value = line.partition(":")
+        if not colon:
+            return False
+        if field.strip().lower() not in _HARMLESS_DIRECTIVES and value.strip():
+            return False
+    return True
+
+
 def _deferral(crawl_delay: float | None, cap: float) -> str | None:
     if crawl_delay is None or crawl_delay <= cap:
         return None
@@ -341,7 +377,8 @@ class RobotsCache:
         self.settings = settings
         self.token = settings.token
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, float], tuple[bytes, Protego]] = OrderedDict()
+        #: (body, its rules, whether they refuse nothing: :func:`refuses_nothing`).
+        self._entries: OrderedDict[tuple[str, float], tuple[bytes, Protego, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -351,19 +388,22 @@ class RobotsCache:
 
     def parser(self, host_key: str, state: RobotsState) -> Protego:
         """Return the parsed rules of a ``RULES`` state, parsing only on a miss."""
+        return self._entry(host_key, state)[1]
+
+    def _entry(self, host_key: str, state: RobotsState) -> tuple[bytes, Protego, bool]:
         if state.body is None:
             raise ValueError(f"robots state for {host_key} has no rules ({state.mode})")
         key = (host_key, state.fetched_at)
         entry = self._entries.get(key)
         if entry is not None and (entry[0] is state.body or entry[0] == state.body):
             self._entries.move_to_end(key)
-            return entry[1]
-        parsed = _parse(state.body)
-        self._entries[key] = (state.body, parsed)
+            return entry
+        entry = (state.body, _parse(state.body), refuses_nothing(state.body))
+        self._entries[key] = entry
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
-        return parsed
+        return entry
 
     def allowed(self, host_key: str, state: RobotsState | None, url: str) -> bool:
         """May ``url`` (a normalised URL of ``host_key``) be fetched under ``state``?
@@ -378,7 +418,16 @@ class RobotsCache:
             return False
         if state.mode == ALLOW_ALL:
             return True
-        return self.parser(host_key, state).can_fetch(url, self.token)
+        _, parsed, allows_all = self._entry(host_key, state)
+        return allows_all or parsed.can_fetch(url, self.token)
+
+    def allows_every_url(self, host_key: str, state: RobotsState | None) -> bool:
+        """True when :meth:`allowed` answers True for every URL of the host under ``state``
+        (a 4xx robots.txt, or a file that refuses nothing): the lease path then neither reads
+        spare URLs in case some are refused nor checks the ones it grants."""
+        if state is None or state.mode == DISALLOW_ALL:
+            return False
+        return state.mode == ALLOW_ALL or self._entry(host_key, state)[2]
 
     def effective_delay(self, state: RobotsState | None, configured: float) -> float:
         """Seconds between request starts for the host: never less than the site asked for.

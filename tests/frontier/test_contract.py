@@ -334,6 +334,34 @@ def test_robots_checks_only_what_a_lease_needs(frontier: Frontier) -> None:
     assert len(checked) == 48
 
 
+@pytest.mark.parametrize("status", [200, 404])
+def test_robots_that_refuse_nothing_check_nothing(frontier: Frontier, status: int) -> None:
+    """A robots.txt that refuses nothing (``Allow: /`` only, or a 404: allow all) leases the
+    host's best URLs without checking any of them, as many as asked, in priority order."""
+    from idemcrawl.frontier.base import RobotsFetch
+    from idemcrawl.robots import RobotsCache, RobotsSettings
+
+    checked: list[str] = []
+
+    class Counting(RobotsCache):
+        def allowed(self, *args: Any, **kwargs: Any) -> bool:
+            checked.append(args[-1])
+            return super().allowed(*args, **kwargs)
+
+    policy = HostPolicy(max_in_flight=8, delay=0.0, robots=Counting(RobotsSettings()))
+    frontier.add([NewURL(f"http://a/p/{i}", "http://a", priority=i) for i in range(30)], T0)
+    (robots,) = frontier.lease("w", 8, T0, 30, policy)
+    body = b"User-agent: *\nAllow: /\n# Disallow: /p\n" if status == 200 else b""
+    fetched = RobotsFetch(status, body)
+    frontier.complete([Completion(robots, status, T0, robots=fetched)], T0, policy)
+    leases = frontier.lease("w", 3, T0 + 1, 30, policy)
+    assert [ls.url for ls in leases] == ["http://a/p/29", "http://a/p/28", "http://a/p/27"]
+    leases = frontier.lease("w", 5, T0 + 2, 30, policy)
+    assert [ls.url for ls in leases] == [f"http://a/p/{i}" for i in range(26, 21, -1)]
+    assert checked == []
+    assert frontier.stats().urls_by_state["queued"] == 22
+
+
 def test_stale_failure_does_not_back_off_the_host(frontier: Frontier) -> None:
     frontier.add(urls("http://a", 1), T0)
     (lease,) = frontier.lease("w", 1, T0, 30, FAST)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from idemcrawl.frontier import sqlite as sqlite_mod
-from idemcrawl.frontier.base import FrontierError, NewURL
+from idemcrawl.frontier.base import Completion, FrontierError, HostPolicy, NewURL
 from idemcrawl.frontier.sqlite import SCHEMA_VERSION, SQLiteFrontier
 
 from .conftest import queued_and_leased_by_host
@@ -313,3 +313,55 @@ def test_store_writes_by_host_id_and_by_key_alike(tmp_path: Path) -> None:
     assert [len(picks["http://a"]), len(picks["http://b"])] == [2, 1]
     assert [(k, i) for k, _, i in log] == [("http://a", 0), ("http://a", 1), ("http://b", 0)]
     assert hosts == [("http://a", 1, 2, 0.5, 2.5), ("http://b", 2, 1, 0.25, 2.5)]
+
+
+def test_the_statement_cache_holds_every_statement_of_a_crawl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases and completions of every batch size run more distinct statements than Python's
+    default cache of 128 holds (an ``IN (...)`` list of each length is a statement of its own):
+    the frontier's connection keeps them all, so none is evicted and prepared again."""
+    seen: set[str] = set()
+
+    class Cursor(sqlite3.Cursor):
+        def execute(self, sql: str, *args: Any) -> Any:
+            seen.add(sql)
+            return super().execute(sql, *args)
+
+        def executemany(self, sql: str, *args: Any) -> Any:
+            seen.add(sql)
+            return super().executemany(sql, *args)
+
+    class Connection(sqlite3.Connection):
+        def cursor(self, factory: Any = Cursor) -> Any:
+            return super().cursor(factory)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            seen.add(sql)
+            return super().execute(sql, *args)
+
+    connect = sqlite3.connect
+    caches: list[int | None] = []
+
+    def connecting(*args: Any, **kw: Any) -> sqlite3.Connection:
+        caches.append(kw.get("cached_statements"))
+        return connect(*args, factory=Connection, **kw)
+
+    monkeypatch.setattr(sqlite_mod.sqlite3, "connect", connecting)
+    f = SQLiteFrontier(str(tmp_path / "c.db"))
+    try:
+        policy = HostPolicy(max_in_flight=8, delay=0.0)
+        hosts = [f"http://h{h}.example" for h in range(12)]
+        f.add([NewURL(f"{h}/p/{n}", h) for h in hosts for n in range(80)], 0.0)
+        now = 1.0
+        for want in [*range(1, 65), *range(64, 0, -3)]:
+            now += 1.0
+            leases = f.lease("w", want, now, 60, policy)
+            links = [NewURL(f"{ls.url}/x", ls.host_key) for ls in leases[: want % 5]]
+            done = [Completion(ls, 200, now, links=links if i == 0 else []) for i, ls in
+                    enumerate(leases)]  # fmt: skip
+            assert all(f.complete(done, now, policy))
+    finally:
+        f.close()
+    assert sqlite_mod._CACHED_STATEMENTS in caches
+    assert 128 < len(seen) <= sqlite_mod._CACHED_STATEMENTS

@@ -331,6 +331,9 @@ class _Plan:
     state: RobotsState | None
     delay: float
     allow: int
+    #: robots.txt may refuse some of the host's URLs: pick spare rows and check each. False
+    #: for a file that refuses nothing (``RobotsCache.allows_every_url``), most of them.
+    check: bool = False
     rows: list[PickRow] = field(default_factory=list)
 
 
@@ -538,7 +541,10 @@ class Scheduler(Reads):
             fixed = effective_delay(configured, crawl_delay, cap, None, policy)
             starts = 1 + int(SCHEDULE_AHEAD / delay) if fixed == 0 else 1
         take = int(min(room, allow - h.in_flight, starts, left))
-        return _Plan(h, take, state, delay, allow) if take > 0 else None
+        if take <= 0:
+            return None
+        check = policy.robots is not None and not policy.robots.allows_every_url(h.host_key, state)
+        return _Plan(h, take, state, delay, allow, check)
 
     def _pick(self, s: Store, plans: Sequence[_Plan], now: float, policy: HostPolicy) -> None:
         """Each plan's best due URLs, for all hosts in one store call per round; a URL that
@@ -550,7 +556,7 @@ class Scheduler(Reads):
             wants = [
                 (p.host.host_key,
                  p.take - len(p.rows)
-                 + ((min(ROBOTS_SLACK, p.take) if first else ROBOTS_SLACK) if p.state else 0),
+                 + ((min(ROBOTS_SLACK, p.take) if first else ROBOTS_SLACK) if p.check else 0),
                  [r[0] for r in p.rows])
                 for p in pending
             ]  # fmt: skip
@@ -564,10 +570,9 @@ class Scheduler(Reads):
                 for r in rows:
                     if len(p.rows) >= p.take:
                         break  # the rest stay queued, unchecked: robots.txt may change by then
-                    if (
-                        p.state is None
-                        or policy.robots is None
-                        or policy.robots.allowed(key, p.state, request_url(r[1]))
+                    if not p.check or (
+                        policy.robots is not None
+                        and policy.robots.allowed(key, p.state, request_url(r[1]))
                     ):
                         p.rows.append(r)
                     else:
