@@ -117,6 +117,25 @@ def test_every_feature_length_up_to_300_bytes(native: ModuleType) -> None:
             assert both(native, text) == _simhash64_py(text), (length, text)
 
 
+def test_words_at_every_block_boundary(native: ModuleType) -> None:
+    """simhash_ascii classifies the text 64 bytes at a time and finds words by bit scans: a
+    word may start or end at any offset of a block, run across blocks, end the text exactly at
+    a block's end, or be followed by several separators (its shingles are then joined, not
+    sliced); every case gives the Python fingerprint."""
+    rng = random.Random(11)
+    for n in range(0, 200):
+        for alphabet in ("ab ", "aB_9 ,", "x", " ", "Az \t\n.;", "z" * 9 + "@[`{/:"):
+            text = "".join(rng.choice(alphabet) for _ in range(n))
+            assert both(native, text) == _simhash64_py(text), repr(text)
+    for size in (62, 63, 64, 65, 127, 128, 129, 191, 192, 256):
+        for gap in (" ", "  ", ", ", "\n\n\t"):
+            words = [("W%d" % i) * (1 + i % 5) for i in range(size)]
+            text = gap.join(words)[:size]
+            assert both(native, text) == _simhash64_py(text), repr(text)
+            long = gap.join(["q" * 100, "r" * 100, "s" * 100, "t"])  # joined shingle > 240
+            assert both(native, long) == _simhash64_py(long)
+
+
 ascii_texts = st.text(alphabet=st.characters(max_codepoint=127), max_size=400)
 word_texts = st.lists(
     st.one_of(
