@@ -844,6 +844,29 @@ def test_canonical_is_a_normalised_hint_and_survives_the_process_boundary() -> N
     assert pickle.loads(pickle.dumps(res)).canonical == res.canonical
 
 
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        ('<link rel="canonical" href="HTTP://Other.Example:80/a/../b">', "http://other.example/b"),
+        ('<link rel="canonical" href="https://other.example/x#y">', "https://other.example/x"),
+        ('<base href="/dir/"><link rel="canonical" href="c">', "http://a.example/dir/c"),
+        ('<link rel="canonical" href="mailto:x@a.example">', None),
+        ('<link rel="canonical" href="">', "http://a.example/p/1?utm=1"),
+        ('<link rel="canonical" href=" http://a.example/q ">', "http://a.example/q"),
+    ],
+)
+def test_canonical_is_normalise_of_its_href_against_the_base(head: str, expected: str) -> None:
+    """The hint is resolved by the page's resolver: normalise(href, base_url), same errors."""
+    from idemcrawl.parse import ParseJob, Parser
+
+    body = f"<html><head>{head}</head><body>x</body></html>".encode()
+    parser = Parser(None, frozenset({"http://a.example"}), "host")
+    res = parser.run(
+        ParseJob("http://a.example/p/1?utm=1", 200, {"content-type": "text/html"}, body, 0)
+    )
+    assert res.canonical == expected
+
 MODULES_SPIDER = """
 import sys
 from idemcrawl.parse import Record, Spider

@@ -1383,8 +1383,8 @@ def _canonical_hint(page: Page) -> str | None:
     node = page.css_first('link[rel="canonical"][href]')
     if node is None:
         return None
-    try:
-        return urls.normalise(str(node.attrs.get("href") or ""), page.base_url)
+    try:  # the page's resolver is normalise(href, page.base_url), without the parser mostly
+        return page.resolver.resolve(str(node.attrs.get("href") or ""))
     except urls.InvalidURL:
         return None
 
