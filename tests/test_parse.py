@@ -844,7 +844,6 @@ def test_canonical_is_a_normalised_hint_and_survives_the_process_boundary() -> N
     assert pickle.loads(pickle.dumps(res)).canonical == res.canonical
 
 
-
 @pytest.mark.parametrize(
     ("head", "expected"),
     [
@@ -866,6 +865,7 @@ def test_canonical_is_normalise_of_its_href_against_the_base(head: str, expected
         ParseJob("http://a.example/p/1?utm=1", 200, {"content-type": "text/html"}, body, 0)
     )
     assert res.canonical == expected
+
 
 MODULES_SPIDER = """
 import sys

@@ -129,7 +129,7 @@ def test_words_at_every_block_boundary(native: ModuleType) -> None:
             assert both(native, text) == _simhash64_py(text), repr(text)
     for size in (62, 63, 64, 65, 127, 128, 129, 191, 192, 256):
         for gap in (" ", "  ", ", ", "\n\n\t"):
-            words = [("W%d" % i) * (1 + i % 5) for i in range(size)]
+            words = [f"W{i}" * (1 + i % 5) for i in range(size)]
             text = gap.join(words)[:size]
             assert both(native, text) == _simhash64_py(text), repr(text)
             long = gap.join(["q" * 100, "r" * 100, "s" * 100, "t"])  # joined shingle > 240

@@ -242,8 +242,10 @@ _NOT_PLAIN_STARTS: Final = frozenset("#mtj")
 #: ``xn--`` (the parser checks punycode), the last starting with a letter (else WHATWG reads an
 #: IPv4 address), or a canonical dotted quad; then an optional port without a leading zero.
 _PLAIN_DOMAIN: Final = re.compile(r"(?!xn--)[a-z0-9-]+(?:\.(?!xn--)[a-z0-9-]+)*")
-_PLAIN_IPV4: Final = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
-                                r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
+_PLAIN_IPV4: Final = re.compile(
+    r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+    r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+)
 _PLAIN_PORT: Final = re.compile(r"(?::(?:0|[1-9][0-9]{0,4}))?")
 _DEFAULT_PORT: Final = {"http://": ":80", "https://": ":443"}
 
