@@ -250,23 +250,14 @@ static uint64_t votes_result(BitVotes *v) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Words in one buffer, in one of two layouts:
- *
- * - compact (ends == NULL; simhash_words): "w0 w1 w2 ...", word i is
- *   buf[starts[i] : starts[i + 1] - 1] (starts has nwords + 1 entries, starts[nwords] = length
- *   + 1), so a shingle of words i..i+2 is buf[starts[i] : starts[i + 3] - 1], exactly
- *   b" ".join of the three words;
- * - in place (ends != NULL; simhash_ascii): buf is the text with every word byte lower-cased
- *   and every other byte a space, word i is buf[starts[i] : ends[i]]. A shingle whose words are
- *   one byte apart (the common case: one space between words) is still the slice from its
- *   first start to its last end; any other is joined into scratch (feature_at). */
+/* Words laid out as "w0 w1 w2 ...": word i is buf[starts[i] : starts[i + 1] - 1] (starts has
+ * nwords + 1 entries, starts[nwords] = length + 1), a shingle of words i..i+2 is
+ * buf[starts[i] : starts[i + 3] - 1], exactly b" ".join of the three words. */
 
 typedef struct {
     char *buf;
     Py_ssize_t *starts;
     Py_ssize_t nwords;
-    Py_ssize_t *ends;
-    char *scratch; /* room for any feature of the in-place layout (the text's length + 2) */
 } Words;
 
 static void words_free(Words *w) {
@@ -274,39 +265,6 @@ static void words_free(Words *w) {
     PyMem_Free(w->starts);
     w->buf = NULL;
     w->starts = NULL;
-}
-
-/* Feature i (words i .. i + span - 1) as bytes joined by single spaces: a slice of buf, or
- * scratch filled with the join. */
-FORCE_INLINE const uint8_t *feature_at(const Words *w, Py_ssize_t i, Py_ssize_t span,
-                                       size_t *len) {
-    const Py_ssize_t *starts = w->starts;
-    Py_ssize_t start = starts[i];
-    if (w->ends == NULL) {
-        *len = (size_t)(starts[i + span] - 1 - start);
-        return (const uint8_t *)w->buf + start;
-    }
-    const Py_ssize_t *ends = w->ends;
-    Py_ssize_t last = i + span - 1;
-    Py_ssize_t k = i;
-    while (k < last && starts[k + 1] == ends[k] + 1) {
-        k++;
-    }
-    if (k == last) {
-        *len = (size_t)(ends[last] - start);
-        return (const uint8_t *)w->buf + start;
-    }
-    size_t out = 0;
-    for (k = i; k <= last; k++) {
-        if (k > i) {
-            w->scratch[out++] = ' ';
-        }
-        size_t n = (size_t)(ends[k] - starts[k]);
-        memcpy(w->scratch + out, w->buf + starts[k], n);
-        out += n;
-    }
-    *len = out;
-    return (const uint8_t *)w->scratch;
 }
 
 static PyObject *xxh3_fallback; /* xxhash.xxh3_64_intdigest, for features over 240 bytes */
@@ -319,12 +277,11 @@ static Py_ssize_t hash_features(const Words *w, BitVotes *votes, Py_ssize_t *lon
     Py_ssize_t nfeatures = w->nwords - span + 1;
     Py_ssize_t nlong = 0;
     const uint8_t *buf = (const uint8_t *)w->buf;
-    (void)buf;
     for (Py_ssize_t i = 0; i < nfeatures; i++) {
-        size_t len;
-        const uint8_t *feature = feature_at(w, i, span, &len);
+        Py_ssize_t start = w->starts[i];
+        size_t len = (size_t)(w->starts[i + span] - 1 - start);
         if (len <= XXH3_SHORT_MAX) {
-            votes_add(votes, xxh3_64_short(feature, len));
+            votes_add(votes, xxh3_64_short(buf + start, len));
         } else {
             long_out[nlong++] = i;
         }
@@ -353,9 +310,9 @@ static int simhash_words_fp(const Words *w, uint64_t *out) {
     Py_END_ALLOW_THREADS
     for (Py_ssize_t n = 0; n < nlong; n++) {
         Py_ssize_t i = long_idx[n];
-        size_t len;
-        const uint8_t *bytes = feature_at(w, i, span, &len);
-        PyObject *feature = PyBytes_FromStringAndSize((const char *)bytes, (Py_ssize_t)len);
+        Py_ssize_t start = w->starts[i];
+        Py_ssize_t len = w->starts[i + span] - 1 - start;
+        PyObject *feature = PyBytes_FromStringAndSize(w->buf + start, len);
         if (feature == NULL) {
             PyMem_Free(long_idx);
             return -1;
@@ -449,36 +406,38 @@ FORCE_INLINE int lowest_bit(uint64_t x) {
 #endif
 }
 
-/* Fill w (in-place layout) from n ASCII bytes. Runs without the GIL. 0, or -1 when out of
- * memory.
+/* Fill w from n ASCII bytes. Runs without the GIL. 0, or -1 when out of memory.
  *
- * 64 bytes at a time: classify64 maps them (SSE2: 16 at once) and gives the mask of word
- * bytes; a word starts at a 1 after a 0 and ends at a 0 after a 1, found by bit scans. ~1
- * instruction a byte plus ~10 a word, against ~14 a byte for the byte-by-byte loop it
- * replaces (issue 17: the tokeniser was ~180,000 instructions of a bench page). */
+ * 64 bytes at a time: classify64 maps them (SSE2: 16 at once) into a scratch copy and gives
+ * the mask of word bytes; a word starts at a 1 after a 0 and ends at a 0 after a 1, found by
+ * bit scans; then each word is copied into w->buf (16 bytes at a time) with one space after
+ * it. ~1 instruction a byte plus ~20 a word, against ~14 a byte for the byte-by-byte loop it
+ * replaces (issue 17: that tokeniser was ~180,000 instructions of a bench page). */
 static int tokenise_ascii(const uint8_t *text, Py_ssize_t n, Words *w) {
     size_t padded = ((size_t)n + 63) & ~(size_t)63;
     size_t max_words = (size_t)(n + 1) / 2 + 1;
-    w->buf = PyMem_RawMalloc(padded + 1);
+    /* 16 bytes of slack after each buffer: words are copied in 16-byte pieces */
+    uint8_t *mapped = PyMem_RawMalloc(padded + 16);
+    Py_ssize_t *ends = PyMem_RawMalloc(sizeof(Py_ssize_t) * max_words);
+    w->buf = PyMem_RawMalloc((size_t)n + 2 + 16);
     w->starts = PyMem_RawMalloc(sizeof(Py_ssize_t) * max_words);
-    w->ends = PyMem_RawMalloc(sizeof(Py_ssize_t) * max_words);
-    w->scratch = PyMem_RawMalloc((size_t)n + 3);
-    if (w->buf == NULL || w->starts == NULL || w->ends == NULL || w->scratch == NULL) {
+    if (mapped == NULL || ends == NULL || w->buf == NULL || w->starts == NULL) {
+        PyMem_RawFree(mapped);
+        PyMem_RawFree(ends);
         return -1;
     }
-    uint8_t *buf = (uint8_t *)w->buf;
-    Py_ssize_t *starts = w->starts, *ends = w->ends;
+    Py_ssize_t *starts = w->starts;
     Py_ssize_t nstarts = 0, nends = 0;
     uint64_t carry = 0; /* 1 when the byte before this block is a word byte */
     for (size_t base = 0; base < padded; base += 64) {
         uint64_t mask;
         if (base + 64 <= (size_t)n) {
-            mask = classify64(text + base, buf + base);
+            mask = classify64(text + base, mapped + base);
         } else { /* the tail, padded with separators */
             uint8_t tail[64];
             memset(tail, ' ', sizeof tail);
             memcpy(tail, text + base, (size_t)n - base);
-            mask = classify64(tail, buf + base);
+            mask = classify64(tail, mapped + base);
         }
         uint64_t before = (mask << 1) | carry; /* bit k: byte k - 1 is a word byte */
         uint64_t begin = mask & ~before;
@@ -496,15 +455,33 @@ static int tokenise_ascii(const uint8_t *text, Py_ssize_t n, Words *w) {
     if (nends < nstarts) { /* the text ends inside a word at a block boundary */
         ends[nends++] = n;
     }
+    /* The compact layout: word k moves to out (never right of where it was), a space after. */
+    uint8_t *buf = (uint8_t *)w->buf;
+    Py_ssize_t out = 0;
+    for (Py_ssize_t k = 0; k < nstarts; k++) {
+        Py_ssize_t from = starts[k], len = ends[k] - from;
+        starts[k] = out;
+        for (Py_ssize_t i = 0; i < len; i += 16) { /* may copy past the word: slack */
+#if defined(__SSE2__)
+            _mm_storeu_si128((__m128i *)(buf + out + i),
+                             _mm_loadu_si128((const __m128i *)(mapped + from + i)));
+#else
+            memcpy(buf + out + i, mapped + from + i, 16);
+#endif
+        }
+        out += len;
+        buf[out++] = ' ';
+    }
+    starts[nstarts] = out; /* one past the last word's trailing space: length + 1 */
     w->nwords = nstarts;
+    PyMem_RawFree(mapped);
+    PyMem_RawFree(ends);
     return 0;
 }
 
 static void words_raw_free(Words *w) {
     PyMem_RawFree(w->buf);
     PyMem_RawFree(w->starts);
-    PyMem_RawFree(w->ends);
-    PyMem_RawFree(w->scratch);
 }
 
 PyDoc_STRVAR(simhash_ascii_doc,
@@ -529,7 +506,7 @@ static PyObject *simhash_ascii(PyObject *module, PyObject *text) {
     }
     const uint8_t *data = PyUnicode_1BYTE_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    Words w = {NULL, NULL, 0, NULL, NULL};
+    Words w = {NULL, NULL, 0};
     int rc;
     /* The str is immutable and kept alive by the caller, so it can be read without the GIL. */
     Py_BEGIN_ALLOW_THREADS
@@ -561,7 +538,7 @@ static PyObject *simhash_words(PyObject *module, PyObject *arg) {
     }
     Py_ssize_t nwords = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    Words w = {NULL, NULL, 0, NULL, NULL};
+    Words w = {NULL, NULL, 0};
     /* First pass: the total length, checking types and encoding str as UTF-8 once (CPython
      * keeps it on the str, so the second pass costs nothing). */
     Py_ssize_t total = 0;
