@@ -287,3 +287,34 @@ def test_nearest_refuses_what_is_not_a_bucket(native: ModuleType) -> None:
     assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, None, None) == (0, 7)
     assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, 7, None) == (1, 5)
     assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, 7, (1, 2)) == (1, 2)
+
+
+_HTML_PIECES = [
+    "<script>", "</script>", "<SCRIPT src=x>", "<ScRiPt>", "<style>", "</style>", "<Style>",
+    "<noscript>", "</noscript>", "<template>", "</template>", "<TEMPLATE>", "<p>", "</p>", "<b>",
+    "<!-- <script> -->", "<scripts>", "< script>", "<svg><style>", "&lt;script&gt;", "<",
+    "words here", "Hidden Text", "é", "日本", "\x00", "<body>", "</body>", "<html>", "<head>",
+]  # fmt: skip
+html_texts = st.lists(st.sampled_from(_HTML_PIECES), max_size=14).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(html_texts)
+def test_page_simhash_skips_the_strip_only_when_nothing_is_hidden(html: str) -> None:
+    """page_simhash(tree, source) is page_simhash(tree) for every HTML text: the strip is
+    skipped only when the source has none of the invisible elements' start tags."""
+    from selectolax.lexbor import LexborHTMLParser
+
+    assert dedup.page_simhash(LexborHTMLParser(html), html) == dedup.page_simhash(
+        LexborHTMLParser(html)
+    )
+    assert dedup.page_simhash(html) == dedup.page_simhash(LexborHTMLParser(html))
+
+
+def test_may_hide_text(native: ModuleType) -> None:
+    for html in ("<p>a<ScRiPt>x", "<STYLE>", "a<noscript", "<template>", "é<script", "日<p>"):
+        assert native.may_hide_text(html), html  # the last: not one byte a char, not scanned
+    for html in ("", "<p>script</p>", "< script>", "<scrip>", "<p>é</p>", "<sty", "<"):
+        assert not native.may_hide_text(html), html
+    with pytest.raises(TypeError):
+        native.may_hide_text(b"<script>")

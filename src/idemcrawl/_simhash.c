@@ -597,6 +597,50 @@ static PyObject *simhash_words(PyObject *module, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(fp);
 }
 
+PyDoc_STRVAR(may_hide_text_doc,
+"may_hide_text(html: str, /) -> bool\n\n"
+"False when html has no '<script', '<style', '<noscript' or '<template' (ASCII case ignored):\n"
+"then its tree has none of dedup's invisible elements, which can only come from such a start\n"
+"tag, and stripping them would change nothing. True otherwise, and for any str that is not\n"
+"one byte per character (not scanned).");
+
+static int has_prefix_ci(const uint8_t *p, const uint8_t *end, const char *lower) {
+    for (; *lower; lower++, p++) {
+        if (p >= end || (uint8_t)(*p | 0x20) != (uint8_t)*lower) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *may_hide_text(PyObject *module, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "may_hide_text() argument must be str, not %.100s",
+                     Py_TYPE(text)->tp_name);
+        return NULL;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0) {
+        return NULL;
+    }
+#endif
+    if (PyUnicode_KIND(text) != PyUnicode_1BYTE_KIND) {
+        Py_RETURN_TRUE;
+    }
+    const uint8_t *p = PyUnicode_1BYTE_DATA(text);
+    const uint8_t *end = p + PyUnicode_GET_LENGTH(text);
+    /* '|0x20' folds ASCII upper case onto lower case; no other byte of these one-byte strs
+     * folds onto the ASCII letters of the names (0xC0-0xFF fold onto 0xE0-0xFF). */
+    while ((p = memchr(p, '<', (size_t)(end - p))) != NULL) {
+        p++;
+        if (has_prefix_ci(p, end, "script") || has_prefix_ci(p, end, "style") ||
+            has_prefix_ci(p, end, "noscript") || has_prefix_ci(p, end, "template")) {
+            Py_RETURN_TRUE;
+        }
+    }
+    Py_RETURN_FALSE;
+}
+
 PyDoc_STRVAR(xxh3_64_doc,
 "xxh3_64(data: bytes, /) -> int\n\n"
 "XXH3-64 (seed 0) of data, the feature hash; inputs over 240 bytes go to\n"
@@ -770,6 +814,7 @@ static PyObject *nearest(PyObject *module, PyObject *const *args, Py_ssize_t nar
 }
 
 static PyMethodDef simhash_methods[] = {
+    {"may_hide_text", (PyCFunction)may_hide_text, METH_O, may_hide_text_doc},
     {"simhash_ascii", simhash_ascii, METH_O, simhash_ascii_doc},
     {"simhash_words", simhash_words, METH_O, simhash_words_doc},
     {"xxh3_64", xxh3_64, METH_O, xxh3_64_doc},

@@ -1204,7 +1204,7 @@ class Parser:
             if self.simhash and page.is_html:
                 # The spider is done and Node offers it no way to change the tree, so the
                 # page's own tree is visible_text(page.text)'s input, parsed already.
-                result.simhash = page_simhash(page._tree)
+                result.simhash = page_simhash(page._tree, page.text)
         except MemoryError:
             return ParseResult(error="parse error: memory limit exceeded")
         except Exception as exc:  # a spider bug must fail this URL, not the crawl
