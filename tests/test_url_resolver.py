@@ -178,6 +178,9 @@ schemes = st.sampled_from(["http://", "https://", "HTTP://", "http:/", "ftp://",
 @example("https://", "a.test", ":443", "/x")
 @example("http://", "a.test", "", "/x#y")
 @example("http://", "1.2.3.04", "", "/")
+@example("http://", "a" * 70 + ".test", "", "/")  # DNS limits are not the URL parser's
+@example("http://", ".".join(["b" * 60] * 6), ":65535", "/x")
+@example("http://", "a.test", "", "/" + "x" * 8200)  # too long
 @pytest.mark.slow
 def test_normal_absolute_equals_normalise(scheme: str, host: str, port: str, rest: str) -> None:
     """An absolute URL taken without the URL parser is exactly what normalise returns for it,
