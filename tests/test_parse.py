@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from idemcrawl.frontier.base import NewURL, RecordWrite, record_id
+from idemcrawl.frontier.base import NewURL, RecordWrite, record_id, request_key
 from idemcrawl.parse import (
     Link,
     LinkColumns,
@@ -27,6 +27,7 @@ from idemcrawl.parse import (
     Parser,
     ParseResult,
     Record,
+    Request,
     Spider,
     SpiderLoadError,
     detect_encoding,
@@ -118,6 +119,21 @@ class JsonSpider(Spider):
 
 class NotASpider:
     name = "plain"
+
+
+class MixedLinksSpider(Spider):
+    """Plain links of page.links() around links with fields of their own."""
+
+    name = "mixed"
+
+    def parse(self, page: Page):  # type: ignore[no-untyped-def]
+        found = page.links()
+        yield found[0]
+        yield found[1]
+        yield Link("/prio", priority=7)
+        yield found[2]
+        yield Request("/post", method="POST", body=b"x")
+        yield found[3]
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -842,6 +858,45 @@ def test_canonical_is_a_normalised_hint_and_survives_the_process_boundary() -> N
     assert res.canonical == "http://a.example/p/1?ref=x"
     assert [u.url for u in res.links] == ["http://a.example/p/2"]  # the URL itself is kept
     assert pickle.loads(pickle.dumps(res)).canonical == res.canonical
+
+
+def test_plain_links_keep_their_order_among_links_with_other_fields() -> None:
+    """Plain links are appended straight to the columns while they share one set of fields;
+    once another link differs, each link keeps its own fields, in the order yielded."""
+    body = b"".join(b"<a href='/p/%d'>p</a>" % i for i in range(4))
+    res = parser("tests.test_parse:MixedLinksSpider").run(job(body))
+    got = [(u.url, u.priority, u.request is not None) for u in res.links]
+    assert got == [
+        (f"{SHOP}/p/0", 0, False),
+        (f"{SHOP}/p/1", 0, False),
+        (f"{SHOP}/prio", 7, False),
+        (f"{SHOP}/p/2", 0, False),
+        (request_key(f"{SHOP}/post", "POST", b"x"), 0, True),
+        (f"{SHOP}/p/3", 0, False),
+    ]
+    assert res.links == LinkColumns.of(list(res.links))
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        ('<link rel="canonical" href="HTTP://Other.Example:80/a/../b">', "http://other.example/b"),
+        ('<link rel="canonical" href="https://other.example/x#y">', "https://other.example/x"),
+        ('<base href="/dir/"><link rel="canonical" href="c">', "http://a.example/dir/c"),
+        ('<link rel="canonical" href="mailto:x@a.example">', None),
+        ('<link rel="canonical" href="">', "http://a.example/p/1?utm=1"),
+        ('<link rel="canonical" href=" http://a.example/q ">', "http://a.example/q"),
+    ],
+)
+def test_canonical_is_normalise_of_its_href_against_the_base(head: str, expected: str) -> None:
+    """The hint is resolved by the page's resolver: normalise(href, base_url), same errors."""
+    from idemcrawl.parse import ParseJob, Parser
+
+    body = f"<html><head>{head}</head><body>x</body></html>".encode()
+    parser = Parser(None, frozenset({"http://a.example"}), "host")
+    res = parser.run(
+        ParseJob("http://a.example/p/1?utm=1", 200, {"content-type": "text/html"}, body, 0)
+    )
+    assert res.canonical == expected
 
 
 MODULES_SPIDER = """

@@ -117,6 +117,25 @@ def test_every_feature_length_up_to_300_bytes(native: ModuleType) -> None:
             assert both(native, text) == _simhash64_py(text), (length, text)
 
 
+def test_words_at_every_block_boundary(native: ModuleType) -> None:
+    """simhash_ascii classifies the text 64 bytes at a time and finds words by bit scans: a
+    word may start or end at any offset of a block, run across blocks, end the text exactly at
+    a block's end, or be followed by several separators (its shingles are then joined, not
+    sliced); every case gives the Python fingerprint."""
+    rng = random.Random(11)
+    for n in range(0, 200):
+        for alphabet in ("ab ", "aB_9 ,", "x", " ", "Az \t\n.;", "z" * 9 + "@[`{/:"):
+            text = "".join(rng.choice(alphabet) for _ in range(n))
+            assert both(native, text) == _simhash64_py(text), repr(text)
+    for size in (62, 63, 64, 65, 127, 128, 129, 191, 192, 256):
+        for gap in (" ", "  ", ", ", "\n\n\t"):
+            words = [f"W{i}" * (1 + i % 5) for i in range(size)]
+            text = gap.join(words)[:size]
+            assert both(native, text) == _simhash64_py(text), repr(text)
+            long = gap.join(["q" * 100, "r" * 100, "s" * 100, "t"])  # joined shingle > 240
+            assert both(native, long) == _simhash64_py(long)
+
+
 ascii_texts = st.text(alphabet=st.characters(max_codepoint=127), max_size=400)
 word_texts = st.lists(
     st.one_of(
@@ -268,3 +287,34 @@ def test_nearest_refuses_what_is_not_a_bucket(native: ModuleType) -> None:
     assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, None, None) == (0, 7)
     assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, 7, None) == (1, 5)
     assert native.nearest(1, array("Q", [1, 3]), [7, 5], 3, 7, (1, 2)) == (1, 2)
+
+
+_HTML_PIECES = [
+    "<script>", "</script>", "<SCRIPT src=x>", "<ScRiPt>", "<style>", "</style>", "<Style>",
+    "<noscript>", "</noscript>", "<template>", "</template>", "<TEMPLATE>", "<p>", "</p>", "<b>",
+    "<!-- <script> -->", "<scripts>", "< script>", "<svg><style>", "&lt;script&gt;", "<",
+    "words here", "Hidden Text", "é", "日本", "\x00", "<body>", "</body>", "<html>", "<head>",
+]  # fmt: skip
+html_texts = st.lists(st.sampled_from(_HTML_PIECES), max_size=14).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(html_texts)
+def test_page_simhash_skips_the_strip_only_when_nothing_is_hidden(html: str) -> None:
+    """page_simhash(tree, source) is page_simhash(tree) for every HTML text: the strip is
+    skipped only when the source has none of the invisible elements' start tags."""
+    from selectolax.lexbor import LexborHTMLParser
+
+    assert dedup.page_simhash(LexborHTMLParser(html), html) == dedup.page_simhash(
+        LexborHTMLParser(html)
+    )
+    assert dedup.page_simhash(html) == dedup.page_simhash(LexborHTMLParser(html))
+
+
+def test_may_hide_text(native: ModuleType) -> None:
+    for html in ("<p>a<ScRiPt>x", "<STYLE>", "a<noscript", "<template>", "é<script", "日<p>"):
+        assert native.may_hide_text(html), html  # the last: not one byte a char, not scanned
+    for html in ("", "<p>script</p>", "< script>", "<scrip>", "<p>é</p>", "<sty", "<"):
+        assert not native.may_hide_text(html), html
+    with pytest.raises(TypeError):
+        native.may_hide_text(b"<script>")

@@ -157,3 +157,69 @@ def test_common_links_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, native
         assert r.resolve(href).startswith("http://shop.test/")
     with pytest.raises(AssertionError):
         r.resolve("/p/%7e")
+
+
+_HOST_PIECES = [
+    "a", "z", "0", "1", "9", "25", "255", "256", "01", "0x1", "-", "xn--", "xN--", "A", ".",
+    "127.0.0.1", "1.2.3", "é", "_", "@", "[::1]",
+]  # fmt: skip
+host_texts = st.lists(
+    st.sampled_from(_HOST_PIECES) | st.text("az09-.", max_size=3), min_size=1, max_size=6
+).map("".join)
+port_texts = st.sampled_from(
+    ["", ":", ":80", ":443", ":0", ":08", ":8080", ":65535", ":65536", ":99999", ":1a", ":+1"]
+)
+schemes = st.sampled_from(["http://", "https://", "HTTP://", "http:/", "ftp://", "http:///"])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(schemes, host_texts, port_texts, hrefs)
+@example("http://", "127.0.0.2", ":9", "/partner")
+@example("https://", "a.test", ":443", "/x")
+@example("http://", "a.test", "", "/x#y")
+@example("http://", "1.2.3.04", "", "/")
+@example("http://", "a" * 70 + ".test", "", "/")  # DNS limits are not the URL parser's
+@example("http://", ".".join(["b" * 60] * 6), ":65535", "/x")
+@example("http://", "a.test", "", "/" + "x" * 8200)  # too long
+@pytest.mark.slow
+def test_normal_absolute_equals_normalise(scheme: str, host: str, port: str, rest: str) -> None:
+    """An absolute URL taken without the URL parser is exactly what normalise returns for it,
+    as a link of any page (whatever the base) or a base; C and Python take the same ones."""
+    href = scheme + host + port + rest
+    expected = outcome(normalise, href)
+    fast = url_mod._normal_absolute(href)
+    assert fast is None or fast == expected
+    if url_mod._native is not None:
+        assert url_mod._native.normal_absolute(href) == fast
+    for base in BASES[:3]:
+        r = Resolver(base)
+        assert outcome(r.resolve, href) == outcome(lambda h, b=base: normalise(h, b), href)
+        assert outcome(r._resolve_py, href) == outcome(r.resolve, href)
+    r = Resolver(href)  # a base: the fast paths are on exactly when normalise keeps it
+    assert bool(r.origin) == (expected == href)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_plain_absolute_links_skip_the_parser(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Links to other hosts and plain bases in normal form never reach the URL parser."""
+    if native and url_mod._native is None:
+        pytest.skip("idemcrawl._links not built")
+    if not native:
+        monkeypatch.setattr(url_mod, "_native", None)
+
+    def no_parser(*_args: object) -> str:
+        raise AssertionError("took the slow path")
+
+    monkeypatch.setattr(url_mod, "normalise", no_parser)
+    r = Resolver("http://127.0.0.1:40000/p/5")
+    assert r.origin == "http://127.0.0.1:40000"
+    assert r.resolve("http://127.0.0.1:40002/p/315#x") == "http://127.0.0.1:40002/p/315"
+    assert r.resolve("https://shop.test:8443/a?b=1") == "https://shop.test:8443/a?b=1"
+    for slow in ("http://Shop.test/", "http://shop.test:80/", "http://127.1/", "http://x.test"):
+        with pytest.raises(AssertionError):
+            r.resolve(slow)
+    if native:  # plain_join_many keeps to the page's origin: its answers' host key is it
+        many = r.resolve_many(["http://127.0.0.1:40002/p/1", "/p/1"])
+        assert many == [None, "http://127.0.0.1:40000/p/1"]

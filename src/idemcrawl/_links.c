@@ -105,10 +105,114 @@ static int colon_in_first_segment(const char *ref, Py_ssize_t n) {
     return 0;
 }
 
+/* An authority "host[:port]" that url.normalise() keeps as it is, for the scheme whose default
+ * port is default_port: a host of lower-case letters, digits, '-' and '.', in non-empty
+ * labels, none starting "xn--" (punycode is checked by the URL parser), the last label starting
+ * with a letter (else WHATWG reads an IPv4 address) unless the host is a canonical dotted-quad
+ * (four decimal numbers up to 255, no leading zeros); a port, if any, of digits without a
+ * leading zero, up to 65535 and not the default. Anything else (upper case, IDNA, trailing
+ * dot, other IPv4 spellings, IPv6, userinfo, empty or default port) is left to the parser. */
+static int plain_authority(const char *a, Py_ssize_t n, long default_port) {
+    Py_ssize_t colon = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] == ':') {
+            colon = i;
+            break;
+        }
+    }
+    if (colon == 0) {
+        return 0;
+    }
+    if (colon < n) { /* a port */
+        Py_ssize_t np = n - colon - 1;
+        if (np < 1 || np > 5 || (a[colon + 1] == '0' && np > 1)) {
+            return 0;
+        }
+        long port = 0;
+        for (Py_ssize_t i = colon + 1; i < n; i++) {
+            if (a[i] < '0' || a[i] > '9') {
+                return 0;
+            }
+            port = port * 10 + (a[i] - '0');
+        }
+        if (port > 65535 || port == default_port) {
+            return 0;
+        }
+    }
+    /* the host: labels */
+    Py_ssize_t label = 0, nlabels = 0, last = 0;
+    int all_digits_labels = 1;
+    for (Py_ssize_t i = 0; i <= colon; i++) {
+        if (i == colon || a[i] == '.') {
+            Py_ssize_t len = i - label;
+            if (len == 0) {
+                return 0;
+            }
+            if (len >= 4 && memcmp(a + label, "xn--", 4) == 0) {
+                return 0;
+            }
+            /* a decimal number 0..255 without a leading zero? */
+            int decimal = len <= 3 && !(a[label] == '0' && len > 1);
+            long value = 0;
+            for (Py_ssize_t j = label; decimal && j < i; j++) {
+                if (a[j] < '0' || a[j] > '9') {
+                    decimal = 0;
+                } else {
+                    value = value * 10 + (a[j] - '0');
+                }
+            }
+            if (!decimal || value > 255) {
+                all_digits_labels = 0;
+            }
+            last = label;
+            nlabels++;
+            label = i + 1;
+            continue;
+        }
+        char c = a[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) {
+            return 0;
+        }
+    }
+    if (a[last] >= 'a' && a[last] <= 'z') {
+        return 1; /* a domain */
+    }
+    return nlabels == 4 && all_digits_labels; /* a canonical IPv4 address */
+}
+
+/* href as url.normalise() gives it, when it is an absolute http(s) URL already in normal form
+ * (plain_authority, then a plain path): the href without its fragment. NULL otherwise. */
+static PyObject *plain_absolute(const char *href, Py_ssize_t nhref) {
+    Py_ssize_t start;
+    long default_port;
+    if (starts_with(href, nhref, "http://", 7)) {
+        start = 7;
+        default_port = 80;
+    } else if (starts_with(href, nhref, "https://", 8)) {
+        start = 8;
+        default_port = 443;
+    } else {
+        return NULL;
+    }
+    const char *hash = memchr(href, '#', (size_t)nhref);
+    Py_ssize_t nref = hash == NULL ? nhref : (Py_ssize_t)(hash - href);
+    const char *slash = memchr(href + start, '/', (size_t)(nref - start));
+    if (slash == NULL) {
+        return NULL; /* no path: the parser adds "/" */
+    }
+    Py_ssize_t path = (Py_ssize_t)(slash - href);
+    if (!plain_authority(href + start, path - start, default_port) ||
+        !plain_path(href + path, nref - path, "", 0)) {
+        return NULL;
+    }
+    return PyUnicode_FromStringAndSize(href, nref);
+}
+
 /* The fast path of url.Resolver.resolve: a new str, Py_None (a new reference) when the slow
  * path must decide, NULL on a Python error. */
 static PyObject *join_one(const char *origin, Py_ssize_t norigin, const char *dir,
-                          Py_ssize_t ndir, Py_ssize_t dir_root, PyObject *href_obj) {
+                          Py_ssize_t ndir, Py_ssize_t dir_root, PyObject *href_obj,
+                          int absolute) {
     Py_ssize_t nhref;
     const char *href = ascii_of(href_obj, &nhref);
     if (href == NULL || nhref > MAX_URL_LENGTH) {
@@ -171,7 +275,12 @@ static PyObject *join_one(const char *origin, Py_ssize_t norigin, const char *di
         head = dir + norigin;
         nhead = ndirectory - norigin;
     } else {
-        Py_RETURN_NONE;
+        /* absolute on another origin (only when asked: plain_join_many promises the page's) */
+        PyObject *out = absolute ? plain_absolute(href, nhref) : NULL;
+        if (out == NULL && !PyErr_Occurred()) {
+            Py_RETURN_NONE;
+        }
+        return out;
     }
     if (!plain_path(head, nhead, ref, nref)) {
         Py_RETURN_NONE;
@@ -216,8 +325,8 @@ static int parse_base(PyObject *const *args, const char **origin, Py_ssize_t *no
 PyDoc_STRVAR(plain_join_doc,
 "plain_join(origin: str, dir: str, dir_root: int, href: object, /) -> str | None\n\n"
 "url.Resolver's fast path: href joined to a normalised base whose origin and directory are\n"
-"given, or None when url.normalise() must decide (href not a plain same-origin link, not\n"
-"ASCII, or not a str).");
+"given, or None when url.normalise() must decide (href not a plain same-origin link nor a\n"
+"plain absolute http(s) URL already in normal form, not ASCII, or not a str).");
 
 static PyObject *plain_join(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
@@ -229,12 +338,37 @@ static PyObject *plain_join(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (parse_base(args, &origin, &norigin, &dir, &ndir, &dir_root) < 0) {
         return NULL;
     }
-    return join_one(origin, norigin, dir, ndir, dir_root, args[3]);
+    return join_one(origin, norigin, dir, ndir, dir_root, args[3], 1);
 }
 
 PyDoc_STRVAR(plain_join_many_doc,
 "plain_join_many(origin: str, dir: str, dir_root: int, hrefs: list, /) -> list[str | None]\n\n"
-"plain_join() of every item of hrefs (a list), in order.");
+"plain_join() of every item of hrefs (a list), in order, for same-origin links only: None\n"
+"for an absolute URL on another origin, so every str returned has origin as its host key.");
+
+PyDoc_STRVAR(normal_absolute_doc,
+"normal_absolute(url: object, /) -> str | None\n\n"
+"url without its fragment when it is an absolute http(s) URL that url.normalise() returns\n"
+"unchanged (plain host, port and path: see plain_absolute), else None (the parser decides).");
+
+static PyObject *normal_absolute(PyObject *module, PyObject *url) {
+    Py_ssize_t n;
+    const char *s = ascii_of(url, &n);
+    if (s == NULL || n > MAX_URL_LENGTH) {
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '\t' || c == '\n' || c == '\r' || c == '\\' || c == '%') {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *out = plain_absolute(s, n);
+    if (out == NULL && !PyErr_Occurred()) {
+        Py_RETURN_NONE;
+    }
+    return out;
+}
 
 static PyObject *plain_join_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
@@ -257,7 +391,7 @@ static PyObject *plain_join_many(PyObject *module, PyObject *const *args, Py_ssi
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = join_one(origin, norigin, dir, ndir, dir_root, PyList_GET_ITEM(hrefs, i));
+        PyObject *item = join_one(origin, norigin, dir, ndir, dir_root, PyList_GET_ITEM(hrefs, i), 0);
         if (item == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -271,6 +405,7 @@ static PyMethodDef methods[] = {
     {"plain_join", (PyCFunction)(void (*)(void))plain_join, METH_FASTCALL, plain_join_doc},
     {"plain_join_many", (PyCFunction)(void (*)(void))plain_join_many, METH_FASTCALL,
      plain_join_many_doc},
+    {"normal_absolute", (PyCFunction)normal_absolute, METH_O, normal_absolute_doc},
     {NULL, NULL, 0, NULL},
 };
 
