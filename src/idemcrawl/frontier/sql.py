@@ -72,8 +72,6 @@ _MAX_RUNS = 16
 
 #: Level 1 with each host's id first (``SQLStore.ready_hosts`` keeps them for the writes).
 _READY_HOSTS_IDS = READY_HOSTS.replace(f"SELECT {HOST_COLS} ", f"SELECT host_id, {HOST_COLS} ", 1)
-#: ``sql_dialect.PICK_URLS`` for hosts whose ids this transaction read: the JSON array holds
-#: the ids, and each row names its host by the array's index.
 #: ``progress``: one statement, so one snapshot. ``next_fetch_at IS NOT NULL`` changes no
 #: answer (MIN skips NULLs) but bounds the walk of ``urls_refetch`` to the URLs that have a
 #: refetch time: a crawl without recrawl has none, and PostgreSQL, planning on statistics
@@ -90,6 +88,8 @@ PROGRESS = (
     "AND next_fetch_at IS NOT NULL) "
     "FROM t"
 )
+#: ``sql_dialect.PICK_URLS`` for hosts whose ids this transaction read: the JSON array holds
+#: the ids, and each row names its host by the array's index.
 _PICK_URLS_BY_ID = (
     f"SELECT j.key, {cols(PICK_COLUMNS, 'u.')} FROM json_each(?) AS j "
     "CROSS JOIN urls AS u "

@@ -417,7 +417,8 @@ DROP TRIGGER urls_state_total;
     # SQLite's is a unique b-tree on the text already: the version alone.
     """
 -- nothing: the version alone
-""",    # 10: PostgreSQL's ANALYZE skips the columns no plan uses (postgres_schema.py); SQLite's
+""",
+    # 10: PostgreSQL's ANALYZE skips the columns no plan uses (postgres_schema.py); SQLite's
     # ANALYZE keeps statistics of indexes only: the version alone.
     """
 -- nothing: the version alone
