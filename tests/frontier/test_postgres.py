@@ -1212,10 +1212,13 @@ def _stat(admin: Any, schema: str, column: str) -> dict[str, int]:
 
 def _counted(f: Any, admin: Any, schema: str, table: str, changes: int) -> None:
     """Wait until the server's counters show ``changes`` rows of ``table`` changed since its
-    last analyze: a backend reports its counts when idle, at most once a second."""
+    last analyze: a backend reports its counts when idle, at most once a second. The wait is
+    PostgreSQL's own bound: a backend that cannot take the shared statistics' lock at once keeps
+    its counts pending and retries, at the latest after 60 s (``PGSTAT_MAX_INTERVAL``), which a
+    heavily loaded machine reached (20 s was seen to pass with no count at load average 20)."""
     if admin.info.server_version >= 150000:
         f._run(lambda s: s.cur.execute("SELECT pg_stat_force_next_flush()"), write=False)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 65
     while (seen := _stat(admin, schema, "n_mod_since_analyze").get(table, 0)) < changes:
         assert time.monotonic() < deadline, f"{table}: {seen} changes counted, not {changes}"
         time.sleep(0.05)
