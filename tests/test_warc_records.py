@@ -184,3 +184,48 @@ def test_members_are_compressed_at_the_given_level(level: int) -> None:
     raw = members(built.blob)
     assert b"".join(wr.gzip_member(r, level) for r in raw) == built.blob
     assert hashlib.sha1(raw[1]).digest()  # each member decompressed on its own
+
+
+def test_base32_digest_of_the_extreme_values() -> None:
+    # Every bit of the spread reaches its own letter: all zeros, all ones, one bit at a time.
+    for raw in (bytes(20), b"\xff" * 20, *((1 << i).to_bytes(20, "big") for i in range(160))):
+        assert wr.digest_of_sha1(raw) == "sha1:" + base64.b32encode(raw).decode()
+
+
+def test_warc_date_is_the_strftime_form_with_microseconds() -> None:
+    from datetime import UTC, datetime
+
+    for ts in (0.0, 1.5, 1_700_000_000.0, 1_700_000_000.000001, 1_796_000_000.9999996, 2e9 + 0.25):
+        want = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert wr.warc_date(ts) == want
+
+
+def test_the_spec_may_carry_the_headers_as_received_bytes() -> None:
+    """The crawl process hands the fetcher's header bytes over undecoded; the exchange is the
+    same as with the decoded pairs (latin-1, so any received byte comes back as it was)."""
+    received = [*RESPONSE, ("X-Caf\xe9", "na\xefve \xff")]
+    wire = tuple((k.encode("latin-1"), v.encode("latin-1")) for k, v in received)
+    body = b"<p>x</p>" * 50
+    built = []
+    for headers in (received, wire):
+        wr._ids.seed(5)
+        built.append(
+            wr.build_page_exchange(
+                spec(response_headers=headers),
+                URL,
+                200,
+                body,
+                links=[],
+                records=0,
+                parse_error=None,
+            )
+        )
+    assert built[0] == built[1]
+    assert b"X-Caf\xe9: na\xefve \xff\r\n" in members(built[1].blob)[1]
+
+
+def test_outlinks_that_are_not_text_are_written_as_text() -> None:
+    fields = wr.metadata_fields(URL, {"links": (x for x in [URL + "/a", 7])})
+    assert fields.startswith(f"outlink: {URL}/a\r\noutlink: 7\r\n".encode())
+    with pytest.raises(wr.WarcError):
+        wr.metadata_fields(URL, {"links": [URL, "http://x/ y"]})

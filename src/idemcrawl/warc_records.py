@@ -74,22 +74,44 @@ def gzip_member(data: bytes | memoryview, level: int) -> bytes:
     return zlib.compress(data, level, zlib.MAX_WBITS | 16)
 
 
-_B32: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
-#: Base32 (RFC 4648) of every 10-bit value: two letters each.
-_B32_PAIRS: Final = [_B32[i >> 5] + _B32[i & 31] for i in range(1024)]
-_SHIFTS: Final = range(150, -1, -10)
+#: Base32 (RFC 4648) letter of every 5-bit value, as a ``bytes.translate`` table.
+_B32_TABLE: Final = bytes.maketrans(bytes(range(32)), b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567")
+
+
+def _low_bits(bits: int, slot: int, count: int) -> int:
+    """A mask of the low ``bits`` bits of each of ``count`` slots ``slot`` bits wide."""
+    return sum(((1 << bits) - 1) << (i * slot) for i in range(count))
+
+
+#: (high mask, shift, low mask) of each halving step of :func:`digest_of_sha1`: 2 x 80 bits in
+#: 128-bit slots -> 4 x 40 in 64 -> 8 x 20 in 32 -> 16 x 10 in 16 -> 32 x 5 in 8.
+_SPREAD: Final = tuple(
+    (_low_bits(2 * half, slot * 2, count) ^ _low_bits(half, slot * 2, count), slot - half,
+     _low_bits(half, slot * 2, count))
+    for half, slot, count in ((40, 64, 2), (20, 32, 4), (10, 16, 8), (5, 8, 16))
+)  # fmt: skip
+_LOW80: Final = (1 << 80) - 1
 
 
 def digest_of_sha1(raw: bytes) -> str:
     """``sha1:<BASE32>`` from a SHA-1 (20 bytes): the form WARC digests take.
 
-    160 bits are 32 Base32 letters without padding, taken 10 bits at a time from one integer:
-    ~2.5x faster than ``base64.b32encode`` (Python code in 3.11), and an exchange has four.
+    160 bits are 32 Base32 letters without padding. The bits are spread five to a byte by
+    halving steps on one integer (each step moves the high half of every slot up into a slot
+    of its own), then one ``translate`` maps each byte to its letter: ~20 integer operations
+    instead of 16 lookups in a list comprehension, 22 k -> ~10 k instructions, and an exchange
+    has four (``base64.b32encode`` is Python code in 3.11, slower still).
     """
     if len(raw) != 20:
         raise ValueError(f"a SHA-1 digest is 20 bytes, not {len(raw)}")
     n = int.from_bytes(raw, "big")
-    return "sha1:" + "".join([_B32_PAIRS[(n >> s) & 1023] for s in _SHIFTS])
+    (h1, s1, l1), (h2, s2, l2), (h3, s3, l3), (h4, s4, l4) = _SPREAD
+    x = ((n >> 80) << 128) | (n & _LOW80)
+    x = ((x & h1) << s1) | (x & l1)
+    x = ((x & h2) << s2) | (x & l2)
+    x = ((x & h3) << s3) | (x & l3)
+    x = ((x & h4) << s4) | (x & l4)
+    return "sha1:" + x.to_bytes(32, "big").translate(_B32_TABLE).decode("ascii")
 
 
 def payload_digest(body: bytes) -> str:
@@ -111,8 +133,9 @@ def warc_truncated(cut_reason: str | None) -> str | None:
 
 
 def warc_date(ts: float) -> str:
-    """WARC-Date with microseconds, UTC."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """WARC-Date with microseconds, UTC (``isoformat`` formats in C; ``strftime`` with ``%f``
+    rewrote its format string on every call, and a record gets one date per exchange)."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 #: Record ids come from a generator of this module's own, seeded from the OS: a spider that
@@ -210,17 +233,27 @@ def stored_headers(
     return stored, original
 
 
+#: One encoder for every metadata record: ``json.dumps`` with these options built a new one per
+#: call. Compact, sorted keys, UTF-8 text as is, NaN refused (it is not JSON).
+_METADATA_JSON: Final = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False
+)
+
+
 def metadata_fields(url: str, metadata: dict[str, Any]) -> bytes:
     """The body of a metadata record: ``outlink: URL`` per discovered link (the field other
     tools read), then every other fact as JSON in one ``idemcrawl-metadata`` field."""
     links = metadata.get("links") or []
     rest = {k: v for k, v in metadata.items() if k != "links"}
     try:
-        text = json.dumps(
-            rest, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False
-        )
-        outlinks = list(map(str, links))
-        if "" in outlinks or _has_bad_uri_char("".join(outlinks)):  # one scan; culprit after
+        text = _METADATA_JSON.encode(rest)
+        outlinks = list(links)
+        try:
+            joined = "".join(outlinks)
+        except TypeError:  # not all text: ``map(str)`` only then (it was 4.6 µs for 40 links)
+            outlinks = list(map(str, outlinks))
+            joined = "".join(outlinks)
+        if "" in outlinks or _has_bad_uri_char(joined):  # one scan; culprit after
             for link in outlinks:
                 check_uri(link)
     except (TypeError, ValueError, WarcError) as exc:
@@ -250,18 +283,16 @@ def record(
     digest = hashlib.sha1(block)
     if rest:
         digest.update(rest)
-    lines = [
-        "WARC/1.1",
-        f"WARC-Type: {rtype}",
-        f"WARC-Date: {date}",
-        f"WARC-Record-ID: {rid}",
-        f"Content-Length: {len(block) + len(rest)}",
-        *(f"{name}: {value}" for name, value in fields),
-    ]
+    # One f-string, not a list of lines joined: three records per exchange.
+    own = "".join([f"{name}: {value}\r\n" for name, value in fields])
     if payload is not None:
-        lines.append(f"WARC-Payload-Digest: {payload}")
-    lines.append(f"WARC-Block-Digest: {digest_of_sha1(digest.digest())}\r\n\r\n")
-    return b"".join(("\r\n".join(lines).encode(), block, rest, _END)), rid
+        own += f"WARC-Payload-Digest: {payload}\r\n"
+    head = (
+        f"WARC/1.1\r\nWARC-Type: {rtype}\r\nWARC-Date: {date}\r\nWARC-Record-ID: {rid}\r\n"
+        f"Content-Length: {len(block) + len(rest)}\r\n{own}"
+        f"WARC-Block-Digest: {digest_of_sha1(digest.digest())}\r\n\r\n"
+    )
+    return b"".join((head.encode(), block, rest, _END)), rid
 
 
 class BuiltExchange(NamedTuple):
@@ -367,7 +398,9 @@ class ExchangeSpec(NamedTuple):
     request_headers: list[tuple[str, str]]
     reason: str
     http_version: str
-    response_headers: list[tuple[str, str]]
+    #: As received: the fetcher's ``wire_headers`` (bytes pairs, decoded here as latin-1, so the
+    #: crawl process never decodes them) or already decoded ``(name, value)`` text pairs.
+    response_headers: Sequence[tuple[str, str]] | Sequence[tuple[bytes, bytes]]
     ip: str | None
     metadata: dict[str, Any]
     decoded: bool
@@ -404,6 +437,9 @@ def build_page_exchange(
         links=() if spec.links_cut else links,
         records=records,
     )
+    response_headers = spec.response_headers
+    if response_headers and isinstance(response_headers[0][0], bytes):
+        response_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response_headers]
     return build_exchange(
         url=url,
         fetched_at=spec.fetched_at,
@@ -411,7 +447,7 @@ def build_page_exchange(
         status=status,
         reason=spec.reason,
         http_version=spec.http_version,
-        response_headers=spec.response_headers,
+        response_headers=response_headers,  # type: ignore[arg-type]
         body=body,
         ip=spec.ip,
         metadata=metadata,

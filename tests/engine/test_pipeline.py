@@ -566,3 +566,35 @@ def test_the_metadata_record_lists_the_links_the_redirect_rule_keeps(
     assert isinstance(out, Completion) and [u.url for u in out.links] == listed
     (meta,) = _metadata_records(r.store)  # type: ignore[arg-type]
     assert meta["links"] == listed
+
+
+def test_the_exchange_spec_hands_over_the_headers_as_received(
+    tmp_path: Path, frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """The crawl process does not decode a fetch's response headers for the parser process
+    (it hands over the bytes pairs); once something decoded them, the decoded pairs go. The
+    exchange built from either is the same."""
+    from idemcrawl import warc_records as wr
+    from idemcrawl.fetch import FetchResult
+
+    add_pages(frontier, clock, 1)
+    (a,) = lease_all(frontier, clock, 1)
+    r = rig(tmp_path, frontier, clock, {}, warc=True)
+    wire = ((b"Content-Type", b"text/html"), (b"X-Caf\xe9", b"\xff"))
+    res = FetchResult(a.fetch_url, 200, {"content-type": "text/html"}, b"<p>x</p>", 0.5,
+                      wire_headers=wire)  # fmt: skip
+    archiver = r.pipeline.archiver
+    undecoded = archiver.exchange_spec(a, res, links_cut=False)
+    assert undecoded is not None and undecoded.response_headers is wire
+    decoded_pairs = res.raw_headers  # e.g. the cookie jar read them
+    decoded = archiver.exchange_spec(a, res, links_cut=False)
+    assert decoded is not None and decoded.response_headers is decoded_pairs
+    built = []
+    for spec in (undecoded, decoded._replace(fetched_at=undecoded.fetched_at)):
+        wr._ids.seed(1)
+        built.append(
+            wr.build_page_exchange(
+                spec, a.fetch_url, 200, res.body, links=[], records=0, parse_error=None
+            )
+        )
+    assert built[0] == built[1]

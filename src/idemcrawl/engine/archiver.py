@@ -66,6 +66,15 @@ def _decoded(res: FetchResult) -> bool:
     return not any("not decoded" in n for n in res.notes)
 
 
+def _headers_as_received(res: FetchResult) -> Sequence[tuple[Any, Any]]:
+    """The response headers for a parser process to build the exchange with: the bytes pairs
+    as received when nothing decoded them yet (the parser process decodes them, so the crawl
+    process, the busier one, saves building 2 strings and a tuple per header), else the
+    decoded pairs (a result built by hand, or read by the cookie jar already)."""
+    decoded = res._raw_headers
+    return res.wire_headers if decoded is None else decoded
+
+
 class ArchiveFailed(Exception):
     """The store refused a write; the crawl is stopping, and this page must not commit."""
 
@@ -139,15 +148,14 @@ class Archiver:
         store = self.store
         if store is None:
             return None
-        fields = self._exchange_fields(res)
         request = _request_of(lease)
         return ExchangeSpec(
-            fields["fetched_at"],
-            fields["request_headers"],
-            fields["reason"],
-            fields["http_version"],
-            fields["response_headers"],
-            fields["ip"],
+            self._clock.time() - res.elapsed,
+            res.request_headers,
+            res.reason,
+            res.http_version,
+            _headers_as_received(res),
+            res.ip,
             self._metadata(lease, res),
             _decoded(res),
             res.cut_reason,
