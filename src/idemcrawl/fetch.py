@@ -287,9 +287,19 @@ def _raw_headers_of(self: FetchResult) -> list[tuple[str, str]]:
     return pairs
 
 
+def _headers_at_hand_of(self: FetchResult) -> Sequence[tuple[Any, Any]]:
+    """The response headers in whichever form is already built: the latin-1 pairs once
+    something read ``raw_headers``, else the bytes pairs as received. For a consumer that
+    decodes either form itself (the archive's exchange, built in a parser process) and should
+    not make the crawl process decode them first."""
+    pairs = self._raw_headers
+    return self.wire_headers if pairs is None else pairs
+
+
 # Set after the class is built: inside its body the name is the InitVar's (the constructor's
 # ``raw_headers=``), and a dataclass would take a property there for the field's default.
 FetchResult.raw_headers = property(_raw_headers_of)  # type: ignore[assignment,method-assign]
+FetchResult.headers_at_hand = property(_headers_at_hand_of)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,8 +71,7 @@ def _headers_as_received(res: FetchResult) -> Sequence[tuple[Any, Any]]:
     as received when nothing decoded them yet (the parser process decodes them, so the crawl
     process, the busier one, saves building 2 strings and a tuple per header), else the
     decoded pairs (a result built by hand, or read by the cookie jar already)."""
-    decoded = res._raw_headers
-    return res.wire_headers if decoded is None else decoded
+    return res.headers_at_hand  # type: ignore[attr-defined,no-any-return]
 
 
 class ArchiveFailed(Exception):
