@@ -484,22 +484,31 @@ static void words_raw_free(Words *w) {
     PyMem_RawFree(w->starts);
 }
 
+/* 1 when text is a str ready for its data macros, else 0 with TypeError set (name: the
+ * calling function's, for the message). */
+static int ready_str(PyObject *text, const char *name) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "%s() argument must be str, not %.100s", name,
+                     Py_TYPE(text)->tp_name);
+        return 0;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0) {
+        return 0;
+    }
+#endif
+    return 1;
+}
+
 PyDoc_STRVAR(simhash_ascii_doc,
 "simhash_ascii(text: str, /) -> int\n\n"
 "simhash64(text) for an ASCII str, tokenised here (word characters [A-Za-z0-9_],\n"
 "lower-cased) without building a Python object per word. ValueError if text is not ASCII.");
 
 static PyObject *simhash_ascii(PyObject *module, PyObject *text) {
-    if (!PyUnicode_Check(text)) {
-        PyErr_Format(PyExc_TypeError, "simhash_ascii() argument must be str, not %.100s",
-                     Py_TYPE(text)->tp_name);
+    if (!ready_str(text, "simhash_ascii")) {
         return NULL;
     }
-#if PY_VERSION_HEX < 0x030C0000
-    if (PyUnicode_READY(text) < 0) {
-        return NULL;
-    }
-#endif
     if (!PyUnicode_IS_ASCII(text)) {
         PyErr_SetString(PyExc_ValueError, "simhash_ascii() needs an ASCII str");
         return NULL;
@@ -614,16 +623,9 @@ static int has_prefix_ci(const uint8_t *p, const uint8_t *end, const char *lower
 }
 
 static PyObject *may_hide_text(PyObject *module, PyObject *text) {
-    if (!PyUnicode_Check(text)) {
-        PyErr_Format(PyExc_TypeError, "may_hide_text() argument must be str, not %.100s",
-                     Py_TYPE(text)->tp_name);
+    if (!ready_str(text, "may_hide_text")) {
         return NULL;
     }
-#if PY_VERSION_HEX < 0x030C0000
-    if (PyUnicode_READY(text) < 0) {
-        return NULL;
-    }
-#endif
     if (PyUnicode_KIND(text) != PyUnicode_1BYTE_KIND) {
         Py_RETURN_TRUE;
     }

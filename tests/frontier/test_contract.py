@@ -304,20 +304,26 @@ def test_robots_refusals_never_lease_a_url_twice(frontier: Frontier) -> None:
     assert frontier.stats().urls_by_state["disallowed"] == 2
 
 
-def test_robots_checks_only_what_a_lease_needs(frontier: Frontier) -> None:
-    """Level 2 walks past any number of refused URLs in one lease call, and checks no URL it
-    will not grant: the refused ones become ``disallowed``, the rest stay queued unchecked."""
-    from idemcrawl.frontier.base import RobotsFetch
+def _counting_robots_policy(checked: list[str]) -> HostPolicy:
+    """A policy (8 in flight per host, no delay) whose robots.txt cache appends every URL it
+    is asked about to ``checked``."""
     from idemcrawl.robots import RobotsCache, RobotsSettings
-
-    checked: list[str] = []
 
     class Counting(RobotsCache):
         def allowed(self, *args: Any, **kwargs: Any) -> bool:
             checked.append(args[-1])
             return super().allowed(*args, **kwargs)
 
-    policy = HostPolicy(max_in_flight=8, delay=0.0, robots=Counting(RobotsSettings()))
+    return HostPolicy(max_in_flight=8, delay=0.0, robots=Counting(RobotsSettings()))
+
+
+def test_robots_checks_only_what_a_lease_needs(frontier: Frontier) -> None:
+    """Level 2 walks past any number of refused URLs in one lease call, and checks no URL it
+    will not grant: the refused ones become ``disallowed``, the rest stay queued unchecked."""
+    from idemcrawl.frontier.base import RobotsFetch
+
+    checked: list[str] = []
+    policy = _counting_robots_policy(checked)
     batch = [NewURL(f"http://a/private/{i}", "http://a", priority=9) for i in range(40)]
     batch += [NewURL(f"http://a/open/{i}", "http://a", priority=1) for i in range(30)]
     frontier.add(batch, T0)
@@ -339,16 +345,9 @@ def test_robots_that_refuse_nothing_check_nothing(frontier: Frontier, status: in
     """A robots.txt that refuses nothing (``Allow: /`` only, or a 404: allow all) leases the
     host's best URLs without checking any of them, as many as asked, in priority order."""
     from idemcrawl.frontier.base import RobotsFetch
-    from idemcrawl.robots import RobotsCache, RobotsSettings
 
     checked: list[str] = []
-
-    class Counting(RobotsCache):
-        def allowed(self, *args: Any, **kwargs: Any) -> bool:
-            checked.append(args[-1])
-            return super().allowed(*args, **kwargs)
-
-    policy = HostPolicy(max_in_flight=8, delay=0.0, robots=Counting(RobotsSettings()))
+    policy = _counting_robots_policy(checked)
     frontier.add([NewURL(f"http://a/p/{i}", "http://a", priority=i) for i in range(30)], T0)
     (robots,) = frontier.lease("w", 8, T0, 30, policy)
     body = b"User-agent: *\nAllow: /\n# Disallow: /p\n" if status == 200 else b""
