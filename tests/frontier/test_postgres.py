@@ -320,6 +320,57 @@ def test_version_10_samples_only_the_columns_plans_use(dsn: str, new_schema, adm
         f.close()
 
 
+def test_version_11_indexes_only_urls_with_a_refetch_time(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """Version 11 on a version-10 crawl: ``urls_refetch`` holds only done URLs that have a
+    refetch time (a crawl without recrawl gave it an entry per page that nothing read); the
+    rounds and ``progress`` still find the due ones through it."""
+    from idemcrawl.frontier.store import SCHEMA_VERSION
+
+    schema = new_schema()
+    _schema_at_version(admin, schema, 10)
+    admin.execute("INSERT INTO hosts (host_key) VALUES ('http://a')")
+    admin.execute(
+        "INSERT INTO urls (url, host_id, state, due_at, next_fetch_at) "
+        "SELECT 'http://a/p' || i, host_id, 'done', %s, "
+        "CASE WHEN i %% 10 = 0 THEN %s + i END FROM hosts, generate_series(0, 99) i",
+        (T0, T0),
+    )
+    admin.execute("RESET search_path")
+    f = _open(dsn, schema)
+    try:
+        assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
+        (definition,) = admin.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = 'urls_refetch'",
+            (schema,),
+        ).fetchone()
+        assert "next_fetch_at IS NOT NULL" in definition
+        # CREATE INDEX counts the entries it wrote: 10 URLs of 100 have a refetch time.
+        assert admin.execute(
+            "SELECT reltuples FROM pg_class WHERE relname = 'urls_refetch' "
+            "AND relnamespace = %s::regnamespace",
+            (schema,),
+        ).fetchone() == (10,)
+        admin.execute(f"SET search_path TO {schema}")
+        with admin.transaction():
+            admin.execute("SET LOCAL enable_seqscan = off")
+            admin.execute("SET LOCAL enable_bitmapscan = off")
+            plan = "\n".join(
+                r[0]
+                for r in admin.execute(
+                    "EXPLAIN SELECT url_id FROM urls WHERE state = 'done' "
+                    "AND next_fetch_at <= 1e12 ORDER BY next_fetch_at LIMIT 5"
+                ).fetchall()
+            )
+        assert "urls_refetch" in plan, plan
+        admin.execute("RESET search_path")
+        assert f.progress(T0).next_refetch_at == T0
+        assert f.reschedule_due(T0 + 25, 100) == 3  # p0, p10, p20
+        assert f.progress(T0).next_refetch_at == T0 + 30
+        assert f.stats().urls_by_state["queued"] == 3
+    finally:
+        f.close()
+
+
 def test_urls_with_the_same_key_are_two_urls(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
     """``url_key`` is a hash: two URLs of a host may share it. Each is still its own URL
     (inserted once, found by its text), because the key only narrows the search."""
