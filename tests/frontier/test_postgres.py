@@ -8,6 +8,7 @@ cover what only a client/server database has. They need the server named by
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import re
@@ -746,6 +747,76 @@ def test_a_grant_writes_each_host_once_and_counts_its_urls(dsn: str, new_schema)
             f._run(lambda s: s.grant([g], "w", T0, T0 + 30))
         row = f.host_row("http://a")
         assert row is not None and (row["queued"], row["in_flight"]) == (1, 2)
+    finally:
+        f.close()
+
+
+def test_a_completion_counts_its_own_urls_exactly(dsn: str, new_schema) -> None:  # type: ignore[no-untyped-def]
+    """The completion counts the URLs its fenced update moved (schema 9's skip, as the grant
+    does): each completed host is written once, its in_flight lowered with its politeness
+    state, and the counts stay exact with a duplicate completion, a fenced-out one, one
+    completed twice and a transaction that writes no host state (``precommit`` then lowers
+    the in_flight); the trigger still counts the links' insert."""
+    from .conftest import queued_and_leased_by_host
+
+    schema = new_schema()
+    f = _open(dsn, schema)
+    try:
+        f.add(_urls("http://a", 4) + _urls("http://b", 3) + _urls("http://c", 2), T0)
+        policy = HostPolicy(max_in_flight=4, delay=0.0)
+        leases = f.lease("w", 20, T0, 30, policy)
+        assert len(leases) == 9
+        by_host: dict[str, list[Lease]] = {}
+        for ls in leases:
+            by_host.setdefault(ls.host_key, []).append(ls)
+        a, b, c = by_host["http://a"], by_host["http://b"], by_host["http://c"]
+        stale = dataclasses.replace(a[1], token=a[1].token + 1)
+        link = NewURL("http://c/new", "http://c")
+        batch = [
+            Completion(a[0], 200, T0 + 1, latency=0.1),
+            Completion(a[0], 200, T0 + 1, latency=0.1),  # the same lease again
+            Completion(stale, 200, T0 + 1),  # fenced out
+            Completion(b[0], 200, T0 + 1, links=[link], latency=0.2),
+            Completion(b[1], 200, T0 + 1, latency=0.2),
+        ]
+        upd = "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'hosts'::regclass"
+
+        def tx(s: Any) -> tuple[list[bool], int]:
+            before = s.cur.execute(upd).fetchone()[0]
+            got = f._complete(s, batch, T0 + 1, policy)
+            return got, s.cur.execute(upd).fetchone()[0] - before
+
+        accepted, updates = f._run(tx)
+        assert accepted == [True, False, False, True, True]
+        # a and b once each (politeness state and in_flight), c by the links' insert trigger
+        assert updates == 3
+
+        def check(done: int, leased: int, queued: int) -> None:
+            counted, kept = queued_and_leased_by_host(f)
+            assert counted == kept
+            by_state = {r["state"]: 0 for r in f.url_rows()}
+            for r in f.url_rows():
+                by_state[r["state"]] += 1
+            assert {k: v for k, v in f.stats().urls_by_state.items() if v} == by_state
+            assert (by_state.get("done"), by_state.get("leased"), by_state.get("queued")) == (
+                done, leased, queued,
+            )  # fmt: skip
+
+        check(done=3, leased=6, queued=1)
+        # Completed again (and the stale token once more): rejected, nothing counted.
+        assert f.complete([Completion(a[0], 200, T0 + 2), Completion(stale, 200, T0 + 2)],
+                          T0 + 2, policy) == [False, False]  # fmt: skip
+        check(done=3, leased=6, queued=1)
+
+        # No host write in the transaction: precommit lowers the in_flight itself.
+        def finish_only(s: Any) -> list[bool]:
+            s.lock_hosts(["http://c"], read=["http://c"])
+            return s.finish([Completion(c[0], 200, T0 + 3), Completion(c[0], 200, T0 + 3)])
+
+        assert f._run(finish_only) == [True, False]
+        check(done=4, leased=5, queued=1)
+        row = f.host_row("http://c")
+        assert row is not None and (row["queued"], row["in_flight"]) == (1, 1)
     finally:
         f.close()
 
