@@ -854,6 +854,40 @@ def test_a_completion_reads_its_hosts_once_and_updates_them_by_id(  # type: igno
     f.close()
 
 
+def test_a_commit_sends_its_writes_with_the_statements_that_need_answers(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema
+) -> None:
+    """A completion batch with records, links and events is 6 round trips (9 before): BEGIN,
+    the lock of its hosts, the fence, the links' insert (with the hosts' state and the
+    records before it), the counters (with the events' lock and insert before them), COMMIT;
+    and every write landed."""
+    import psycopg
+
+    from idemcrawl.lab.bench import dbcost
+
+    if not psycopg.Pipeline.is_supported():
+        pytest.skip("libpq without pipeline mode: statements run one by one")
+    f = _open(dsn, new_schema())
+    try:
+        f.add(_urls("http://a", 3) + _urls("http://b", 3), T0)
+        leases = f.lease("w", 6, T0, 30, FAST)
+        assert len(leases) == 6
+        batch = [_page(ls, T0 + 1) for ls in leases]
+        with dbcost.count_pg_wire(f._conn) as seen:
+            assert f.complete(batch, T0 + 1, FAST) == [True] * 6
+        assert (seen.statements, seen.round_trips) == (12, 6)
+        s = f.stats()
+        assert (s.urls_by_state["done"], s.urls_by_state["queued"]) == (6, 12)
+        assert (s.events, s.records) == (6, 6)
+        assert (s.counters["fetches"], s.counters["links_new"]) == (6, 12)
+        for host in ("http://a", "http://b"):
+            row = f.host_row(host)
+            assert row is not None and (row["queued"], row["in_flight"]) == (6, 0), host
+            assert row["next_allowed_at"] >= T0 + 1
+    finally:
+        f.close()
+
+
 # -- connection loss ----------------------------------------------------------------------------
 
 

@@ -298,6 +298,8 @@ class PostgresFrontier(Scheduler):
                 result = fn(store)
                 if write:
                     state.xid = store.precommit()
+                else:
+                    store.flush()
                 state.result = result
                 state.committing = True
                 self._commit(conn)

@@ -284,12 +284,46 @@ _STALE_TABLES = (
 )
 
 
+class _Cursor:
+    """The transaction's cursor as the store's statements see it: a statement first sends the
+    writes the store deferred (``PgStore._defer``), in the same pipeline, so they run in the
+    order they were made and cost no round trip of their own. (psycopg's BEGIN stays a
+    round trip of its own: in a pipeline it syncs right after it.)"""
+
+    __slots__ = ("_cur", "_store")
+
+    def __init__(self, cur: Cursor[Any], store: PgStore) -> None:
+        self._cur = cur
+        self._store = store
+
+    def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+        store = self._store
+        if not store._later:
+            return self._cur.execute(query, params, **kw)
+        with store._pipeline():
+            store._send_later()
+            self._cur.execute(query, params, **kw)
+        return self._cur
+
+    def executemany(self, query: Any, params_seq: Any, **kw: Any) -> None:
+        self._store.flush()
+        self._cur.executemany(query, params_seq, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
 class PgStore(SQLStore):
     """``sql.SQLStore`` in the PostgreSQL dialect, with its set-based statements."""
 
     def __init__(self, cur: Cursor[Any], pipelines: bool) -> None:
-        super().__init__(cur, POSTGRES)
+        super().__init__(_Cursor(cur, self), POSTGRES)
         self._pipelines = pipelines
+        #: Writes whose results nobody reads (host state, records, events, the end of the
+        #: completion's counting), sent ahead of the transaction's next statement: a commit
+        #: is then 6 round trips, not 9 (BEGIN, lock, fence, links, counters, COMMIT).
+        self._later: list[tuple[str, Sequence[Any]]] = []
+        self._raw = cur
         #: host_key -> host_id of the hosts this transaction read (level 1, lock_hosts).
         self._host_id: dict[str, int] = {}
         #: URLs per state this transaction moved and counted itself (``finish``), for
@@ -300,8 +334,25 @@ class PgStore(SQLStore):
         """Statements whose results are not needed go out in one round trip (libpq 14+;
         with an older libpq the same statements simply run one by one)."""
         if self._pipelines:
-            return self.cur.connection.pipeline()
+            return self._raw.connection.pipeline()
         return contextlib.nullcontext()
+
+    def _defer(self, query: str, params: Sequence[Any]) -> None:
+        """Run ``query`` before the transaction's next statement (``_Cursor``) or ``flush``.
+        Only for writes whose result is not read and whose rows the statements in between
+        do not read: every statement sends them first, so their order is kept."""
+        self._later.append((query, params))
+
+    def _send_later(self) -> None:
+        later, self._later = self._later, []
+        for query, params in later:
+            self._raw.execute(query, params)
+
+    def flush(self) -> None:
+        """Send the deferred writes now (in one pipeline)."""
+        if self._later:
+            with self._pipeline():
+                self._send_later()
 
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
         """Insert-if-absent in one statement (``_INSERT_URLS``); returns how many were new.
@@ -521,15 +572,17 @@ class PgStore(SQLStore):
         for i, c in enumerate(completions):
             first.setdefault((c.lease.url_id, c.lease.version, c.lease.token), i)
         fenced = [completions[i] for i in first.values()]
-        cur = self.cur
-        # Its own cursor: its rows are read after the pipeline, the settings' results not.
-        done_cur = cur.connection.cursor()
+        # Its own cursor: its rows are read after the pipeline, the setting's result not.
+        done_cur = self._raw.connection.cursor()
         with self._pipeline():
-            cur.execute(_COUNTED, ("on",))
+            self._send_later()
+            self._raw.execute(_COUNTED, ("on",))
             done_cur.execute(_DONE_SQL, done_params(fenced))
-            cur.execute(_COUNTED, ("off",))
         done = done_cur.fetchall()
         done_cur.close()
+        # The trigger counts the transaction's later updates of urls again; this goes out
+        # ahead of the next statement.
+        self._defer(_COUNTED, ("off",))
         ok_keys = {(int(r[0]), int(r[1]), int(r[2])) for r in done}
         keys = [(c.lease.url_id, c.lease.version, c.lease.token) for c in completions]
         accepted = [first[key] == i and key in ok_keys for i, key in enumerate(keys)]
@@ -543,11 +596,13 @@ class PgStore(SQLStore):
         return accepted
 
     def update_hosts(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        """All hosts' new values in one statement. Rows naming a host twice keep the one by
-        one semantics (the last wins) by running one by one, as an UPDATE … FROM would apply
-        an arbitrary one of them."""
+        """All hosts' new values in one statement, sent with the transaction's next one
+        (``_defer``). Rows naming a host twice keep the one by one semantics (the last wins)
+        by running one by one, as an UPDATE … FROM would apply an arbitrary one of them."""
         keys = [r[-1] for r in rows]
-        if len(rows) < 2 or len(set(keys)) < len(keys):
+        if not rows:
+            return
+        if len(set(keys)) < len(keys):
             super().update_hosts(columns, rows)
             return
         if not set(columns) <= set(_HOST_TYPES):
@@ -567,7 +622,7 @@ class PgStore(SQLStore):
             types.insert(-1, "int")
             params.append([out.pop(k, 0) for k in keys])
         params.append(keys if ids is None else ids)
-        self.cur.execute(
+        self._defer(
             f"UPDATE hosts AS h SET {sets} FROM unnest({_arrays(types)}) "
             f"AS v({', '.join(names)}, host) WHERE h.{column} = v.host",
             params,
@@ -593,13 +648,13 @@ class PgStore(SQLStore):
         if len(rows) < 2 or len({r[0] for r in rows}) < len(rows):
             super().upsert_records(rows)
             return
-        self.cur.execute(_UPSERT_RECORDS, _columns(rows, _RECORD_TYPES))
+        self._defer(_UPSERT_RECORDS, _columns(rows, _RECORD_TYPES))
 
     def insert_events(self, rows: Sequence[tuple[Any, ...]]) -> None:
         # Last in the transaction and held to COMMIT: ids are handed out in commit order.
-        with self._pipeline():
-            self.cur.execute("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK,))
-            self.cur.execute(_INSERT_EVENTS, _columns(rows, _EVENT_TYPES))
+        # Both go out with ``precommit``'s statement.
+        self._defer("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK,))
+        self._defer(_INSERT_EVENTS, _columns(rows, _EVENT_TYPES))
 
     def precommit(self) -> str | None:
         """Write what the transaction counted itself and the counters (name order), in one
