@@ -2,11 +2,12 @@
 operations PostgreSQL does set-based.
 
 Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
-11 statements in 9 round trips and a completion batch 10 in 9 (``bench frontier``'s trace),
-whatever their size (issue 14): URL inserts (their hosts' ids read once per host first, schema
-6), level 2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced completion
-update, host updates, record upserts and events. Arrays are bound in binary. The
-connection, transactions and retries are ``postgres.py``'s.
+11 statements in 9 round trips and a completion batch 11-12 in 6 (``bench frontier``'s trace;
+writes whose result nobody reads go out with the next statement, ``PgStore._defer``), whatever
+their size (issue 14): URL inserts (their hosts' ids read once per host first, schema 6), level
+2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced completion update,
+host updates, record upserts and events. Arrays are bound in binary. The connection,
+transactions and retries are ``postgres.py``'s.
 """
 
 from __future__ import annotations
