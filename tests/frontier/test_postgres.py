@@ -857,8 +857,8 @@ def test_a_completion_reads_its_hosts_once_and_updates_them_by_id(  # type: igno
 def test_a_commit_sends_its_writes_with_the_statements_that_need_answers(  # type: ignore[no-untyped-def]
     dsn: str, new_schema
 ) -> None:
-    """A completion batch with records, links and events is 6 round trips (9 before): BEGIN,
-    the lock of its hosts, the fence, the links' insert (with the hosts' state and the
+    """A completion batch with records, links and events is 5 round trips (9 before): BEGIN,
+    the lock of its hosts with the fence, the links' insert (with the hosts' state and the
     records before it), the counters (with the events' lock and insert before them), COMMIT;
     and every write landed."""
     import psycopg
@@ -875,7 +875,7 @@ def test_a_commit_sends_its_writes_with_the_statements_that_need_answers(  # typ
         batch = [_page(ls, T0 + 1) for ls in leases]
         with dbcost.count_pg_wire(f._conn) as seen:
             assert f.complete(batch, T0 + 1, FAST) == [True] * 6
-        assert (seen.statements, seen.round_trips) == (12, 6)
+        assert (seen.statements, seen.round_trips) == (12, 5)
         s = f.stats()
         assert (s.urls_by_state["done"], s.urls_by_state["queued"]) == (6, 12)
         assert (s.events, s.records) == (6, 6)

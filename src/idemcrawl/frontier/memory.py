@@ -375,6 +375,11 @@ class MemoryStore(MemoryReads):
         ok = u.state == LEASED and u.version == version and u.lease_token == token
         return u if ok else None
 
+    def lock_and_finish(
+        self, keys: Iterable[str], read: Iterable[str], completions: Sequence[base.Completion]
+    ) -> tuple[dict[str, HostRow], list[bool]]:
+        return self.lock_hosts(keys, read=read), self.finish(completions)
+
     def finish(self, completions: Sequence[base.Completion]) -> list[bool]:
         out = []
         for c in completions:

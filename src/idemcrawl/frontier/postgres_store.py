@@ -2,7 +2,7 @@
 operations PostgreSQL does set-based.
 
 Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
-11 statements in 9 round trips and a completion batch 11-12 in 6 (``bench frontier``'s trace;
+11 statements in 9 round trips and a completion batch 11-12 in 5 (``bench frontier``'s trace;
 writes whose result nobody reads go out with the next statement, ``PgStore._defer``), whatever
 their size (issue 14): URL inserts (their hosts' ids read once per host first, schema 6), level
 2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced completion update,
@@ -69,6 +69,12 @@ _INSERT_URLS = (
 #: A URL's row by its text, through ``urls_key`` (schema 9): ``SQLStore``'s ``WHERE url = ?``
 #: would read the whole table now that no index holds the text's hash alone.
 _BY_URL = "url_key = url_key_of(%s) AND url = %s"
+
+#: The hosts a writer takes, in key order (``lock_hosts``), with each host's id first.
+_LOCK_HOSTS = (
+    f"SELECT host_id, {HOST_COLS} FROM hosts WHERE host_key = ANY(%b::text[]) "
+    "ORDER BY host_key {lock}"
+)
 
 #: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
 #: skipping rows another leaser holds (one statement per host took 257 round trips per lease
@@ -322,7 +328,7 @@ class PgStore(SQLStore):
         self._pipelines = pipelines
         #: Writes whose results nobody reads (host state, records, events, the end of the
         #: completion's counting), sent ahead of the transaction's next statement: a commit
-        #: is then 6 round trips, not 9 (BEGIN, lock, fence, links, counters, COMMIT).
+        #: is then 5 round trips, not 9 (BEGIN, lock and fence, links, counters, COMMIT).
         self._later: list[tuple[str, Sequence[Any]]] = []
         self._raw = cur
         #: host_key -> host_id of the hosts this transaction read (level 1, lock_hosts).
@@ -445,18 +451,16 @@ class PgStore(SQLStore):
         host it locked for ``host_ids``."""
         wanted = set(read)
         ordered = sorted(set(keys) | wanted)
-        out: dict[str, HostRow] = {}
         if not ordered:
-            return out
+            return {}
         lock = "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
-        rows = self.cur.execute(
-            f"SELECT host_id, {HOST_COLS} FROM hosts WHERE host_key = ANY(%b::text[]) "
-            f"ORDER BY host_key {lock}",
-            (ordered,),
-        ).fetchall()
+        rows = self.cur.execute(_LOCK_HOSTS.format(lock=lock), (ordered,)).fetchall()
+        return self._locked(rows, wanted)
+
+    def _locked(self, rows: Sequence[Sequence[Any]], wanted: set[str]) -> dict[str, HostRow]:
+        """The rows ``_LOCK_HOSTS`` returned: their ids kept, those ``wanted`` returned."""
         self._host_id.update((r[1], int(r[0])) for r in rows)
-        out.update((r[1], HostRow(*r[1:])) for r in rows if r[1] in wanted)
-        return out
+        return {r[1]: HostRow(*r[1:]) for r in rows if r[1] in wanted}
 
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         """Level 1 (``sql_dialect.READY_HOSTS``), keeping the ids of the hosts it read."""
@@ -559,8 +563,35 @@ class PgStore(SQLStore):
             )
 
     def finish(self, completions: Sequence[Completion]) -> list[bool]:
-        """The lease fence for the whole batch in one statement. Within a batch only the first
-        of identical leases can be accepted (as one by one, the second would find it done).
+        """The lease fence for the whole batch in one statement (``_send_fence``)."""
+        return self.lock_and_finish((), (), completions)[1]
+
+    def lock_and_finish(
+        self, keys: Iterable[str], read: Iterable[str], completions: Sequence[Completion]
+    ) -> tuple[dict[str, HostRow], list[bool]]:
+        """The lock of the hosts (``lock_hosts``) and the fence in one pipeline: one round
+        trip; the lock still runs first (every writer locks its hosts before its URLs)."""
+        wanted = set(read)
+        ordered = sorted(set(keys) | wanted)
+        # Cursors of their own: their rows are read after the pipeline.
+        conn = self._raw.connection
+        locked = conn.cursor() if ordered else None
+        done_cur = conn.cursor()
+        with self._pipeline():
+            self._send_later()
+            if locked is not None:
+                locked.execute(_LOCK_HOSTS.format(lock="FOR UPDATE"), (ordered,))
+            first = self._send_fence(done_cur, completions)
+        rows = {} if locked is None else self._locked(locked.fetchall(), wanted)
+        accepted = self._read_fence(done_cur, completions, first)
+        return rows, accepted
+
+    def _send_fence(
+        self, cur: Cursor[Any], completions: Sequence[Completion]
+    ) -> dict[tuple[int, int, int], int]:
+        """Send the fenced update of the batch on ``cur``; returns each distinct lease's first
+        position. Within a batch only the first of identical leases can be accepted (as one
+        by one, the second would find it done).
 
         The completion counts its own URLs (schema 9's ``_COUNTED``, as the grant does): every
         row the fenced update returns went from leased to done, so each accepted completion
@@ -573,17 +604,22 @@ class PgStore(SQLStore):
         for i, c in enumerate(completions):
             first.setdefault((c.lease.url_id, c.lease.version, c.lease.token), i)
         fenced = [completions[i] for i in first.values()]
-        # Its own cursor: its rows are read after the pipeline, the setting's result not.
-        done_cur = self._raw.connection.cursor()
-        with self._pipeline():
-            self._send_later()
-            self._raw.execute(_COUNTED, ("on",))
-            done_cur.execute(_DONE_SQL, done_params(fenced))
-        done = done_cur.fetchall()
-        done_cur.close()
+        self._raw.execute(_COUNTED, ("on",))
+        cur.execute(_DONE_SQL, done_params(fenced))
         # The trigger counts the transaction's later updates of urls again; this goes out
         # ahead of the next statement.
         self._defer(_COUNTED, ("off",))
+        return first
+
+    def _read_fence(
+        self,
+        cur: Cursor[Any],
+        completions: Sequence[Completion],
+        first: dict[tuple[int, int, int], int],
+    ) -> list[bool]:
+        """Which completions the fenced update on ``cur`` accepted, counted (``_send_fence``)."""
+        done = cur.fetchall()
+        cur.close()
         ok_keys = {(int(r[0]), int(r[1]), int(r[2])) for r in done}
         keys = [(c.lease.url_id, c.lease.version, c.lease.token) for c in completions]
         accepted = [first[key] == i and key in ok_keys for i, key in enumerate(keys)]

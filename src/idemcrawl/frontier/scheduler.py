@@ -708,8 +708,10 @@ class Scheduler(Reads):
         self, s: Store, completions: Sequence[Completion], now: float, policy: HostPolicy
     ) -> list[bool]:
         own = {c.lease.host_key for c in completions}
-        rows = s.lock_hosts(own | {u.host_key for c in completions for u in c.links}, read=own)
-        accepted = s.finish(completions)
+        # The hosts (its own and its links') locked first, then the fence, in one store call.
+        rows, accepted = s.lock_and_finish(
+            own | {u.host_key for c in completions for u in c.links}, own, completions
+        )
         done = [c for c, ok in zip(completions, accepted, strict=True) if ok]
         pages = [c for c in done if c.lease.kind != ROBOTS]
         hosts: dict[str, dict[str, Any]] = {}

@@ -462,6 +462,11 @@ class SQLStore:
                 out[c.lease.host_key] += 1
         return live
 
+    def lock_and_finish(
+        self, keys: Iterable[str], read: Iterable[str], completions: Sequence[Completion]
+    ) -> tuple[dict[str, HostRow], list[bool]]:
+        return self.lock_hosts(keys, read=read), self.finish(completions)
+
     def _returning(self, query: str) -> str:
         """``query`` (an UPDATE of urls.state) returning what ``_moved`` counts, on SQLite."""
         return query + " RETURNING host_id, state, due_at" if self._counting else query

@@ -304,6 +304,13 @@ class Store(Protocol):
         version and token (of identical leases in one batch only the first can be)."""
         ...
 
+    def lock_and_finish(
+        self, keys: Iterable[str], read: Iterable[str], completions: Sequence[Completion]
+    ) -> tuple[dict[str, HostRow], list[bool]]:
+        """``lock_hosts(keys, read=read)`` then ``finish(completions)``, as one call: a store
+        may send both at once (PostgreSQL: one round trip), the lock still first."""
+        ...
+
     def live_leases(self, leases: Sequence[Lease]) -> list[bool]:
         """Per lease, whether its URL is still leased with that version and token (with row
         locks: the URL row is locked); of identical leases only the first counts."""
