@@ -19,6 +19,10 @@ Why this module exists apart from :mod:`idemcrawl.warc` (the store, readers, rep
   and verify them (tests/test_warc.py, tests/test_warc_records.py).
 * Every record is **one gzip member** (ISA-L for levels 0-3, zlib above), so a pointer names
   exactly one record.
+* **Natively where it counts.** The heads, digests and record ids of :func:`build_exchange` are
+  written by ``idemcrawl._warc`` (C, src/idemcrawl/_warc.c) when it is built: the same bytes as
+  the Python code here, which stays as the fallback and the reference the tests compare with
+  (tests/test_warc_native.py; docs/benchmarks.md, "The archive in C", issue 17).
 """
 
 from __future__ import annotations
@@ -29,12 +33,20 @@ import os
 import random
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 from urllib.parse import urlsplit
 
 from isal import isal_zlib
+
+#: The native record builder (src/idemcrawl/_warc.c), or None when ``pip install`` had no C
+#: compiler: then the Python functions below build the same bytes.
+_native: Any
+try:
+    from . import _warc as _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
 
 COMPRESSION_LEVEL: Final = 1
 """Level of every gzip member (``crawl --warc-level``): 0-3 compress with ISA-L (its levels),
@@ -93,8 +105,9 @@ _SPREAD: Final = tuple(
 _LOW80: Final = (1 << 80) - 1
 
 
-def digest_of_sha1(raw: bytes) -> str:
-    """``sha1:<BASE32>`` from a SHA-1 (20 bytes): the form WARC digests take.
+def _digest_of_sha1_py(raw: bytes) -> str:
+    """``sha1:<BASE32>`` from a SHA-1 (20 bytes): the form WARC digests take (natively
+    ``_warc.sha1_base32``, which :data:`digest_of_sha1` is when the extension is built).
 
     160 bits are 32 Base32 letters without padding. The bits are spread five to a byte by
     halving steps on one integer (each step moves the high half of every slot up into a slot
@@ -112,6 +125,11 @@ def digest_of_sha1(raw: bytes) -> str:
     x = ((x & h3) << s3) | (x & l3)
     x = ((x & h4) << s4) | (x & l4)
     return "sha1:" + x.to_bytes(32, "big").translate(_B32_TABLE).decode("ascii")
+
+
+digest_of_sha1: Callable[[bytes], str] = (
+    _digest_of_sha1_py if _native is None else _native.sha1_base32
+)
 
 
 def payload_digest(body: bytes) -> str:
@@ -134,7 +152,8 @@ def warc_truncated(cut_reason: str | None) -> str | None:
 
 def warc_date(ts: float) -> str:
     """WARC-Date with microseconds, UTC (``isoformat`` formats in C; ``strftime`` with ``%f``
-    rewrote its format string on every call, and a record gets one date per exchange)."""
+    rewrote its format string on every call, and a record gets one date per exchange).
+    ``_warc.warc_date`` writes the same for 1970-5138 in a tenth of the instructions."""
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
@@ -330,7 +349,7 @@ def build_exchange(
     status: int,
     reason: str,
     http_version: str,
-    response_headers: list[tuple[str, str]],
+    response_headers: Sequence[tuple[str, str]] | Sequence[tuple[bytes, bytes]],
     body: bytes,
     ip: str | None,
     metadata: dict[str, Any],
@@ -345,13 +364,71 @@ def build_exchange(
     """Request + response + metadata (+ the rendered DOM) as gzip members, nothing written.
 
     The arguments are :meth:`idemcrawl.warc.WarcStore.write_exchange`'s (which calls this),
-    plus the compression ``level``. Input is checked before anything is built (WarcError).
+    plus the compression ``level``; ``response_headers`` are text pairs, or bytes pairs as
+    received (read as latin-1). Input is checked before anything is built (WarcError). The
+    records come from ``idemcrawl._warc`` when it is built and takes the input (plain
+    headers), else from :func:`_python_records`: the same bytes either way.
     """
     check_uri(url)
     if "original_headers" in metadata:
         raise WarcError("metadata key 'original_headers' is reserved for the WARC store")
-    date = warc_date(fetched_at)
-    stored, original = stored_headers(response_headers, len(body), keep_encoding=not decoded)
+    built: tuple[bytes, bytes, bytes, str, str] | None = None
+    if _native is None:
+        date = warc_date(fetched_at)
+    else:
+        date = _native.warc_date(fetched_at) or warc_date(fetched_at)
+        heads = _native.response_head(
+            status_line(http_version, status, reason), response_headers, len(body), not decoded
+        )
+        if heads is not None:
+            meta_fields = metadata_fields(url, {**metadata, "original_headers": heads[1]})
+            request = _native.request_head(url, http_version, request_headers, method)
+            if request is None:  # a URL urlsplit has to read (or unusual headers)
+                request = request_head(url, http_version, request_headers, method)
+            built = _native.records(
+                url, date, _ids.randbytes(48), ip or None, warc_truncated(truncated), heads[0],
+                body, body_sha1, request, request_body, meta_fields,
+            )  # fmt: skip
+    if built is None:
+        built = _python_records(
+            url, date, request_headers, status, reason, http_version, response_headers, body, ip,
+            metadata, decoded, truncated, method, request_body, body_sha1,
+        )  # fmt: skip
+    request, response, meta, response_id, digest = built
+    members = [gzip_member(request, level), gzip_member(response, level), gzip_member(meta, level)]
+    if rendered is not None:
+        members.append(gzip_member(rendered_record(url, date, response_id, rendered), level))
+    return BuiltExchange(b"".join(members), len(members[0]), len(members[1]), response_id, digest)
+
+
+def _python_records(
+    url: str,
+    date: str,
+    request_headers: list[tuple[str, str]],
+    status: int,
+    reason: str,
+    http_version: str,
+    response_headers: Sequence[tuple[str, str]] | Sequence[tuple[bytes, bytes]],
+    body: bytes,
+    ip: str | None,
+    metadata: dict[str, Any],
+    decoded: bool,
+    truncated: str | None,
+    method: str,
+    request_body: bytes,
+    body_sha1: bytes | None,
+) -> tuple[bytes, bytes, bytes, str, str]:
+    """:func:`build_exchange`'s request, response and metadata records (uncompressed), the
+    response's record id and the payload digest, in Python: the fallback without the C
+    extension (or for headers it does not take) and the reference its tests compare with.
+    The record ids are drawn response first, then request, then metadata."""
+    if response_headers and isinstance(response_headers[0][0], bytes):
+        response_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response_headers]
+    stored, original = stored_headers(
+        response_headers,  # type: ignore[arg-type]
+        len(body),
+        keep_encoding=not decoded,
+    )
     meta_fields = metadata_fields(url, {**metadata, "original_headers": original})
     digest = digest_of_sha1(hashlib.sha1(body).digest() if body_sha1 is None else body_sha1)
     response_head = http_head(status_line(http_version, status, reason), stored)
@@ -379,10 +456,7 @@ def build_exchange(
         [("WARC-Target-URI", url), ("Content-Type", METADATA_CONTENT_TYPE), concurrent],
         meta_fields,
     )
-    members = [gzip_member(request, level), gzip_member(response, level), gzip_member(meta, level)]
-    if rendered is not None:
-        members.append(gzip_member(rendered_record(url, date, response_id, rendered), level))
-    return BuiltExchange(b"".join(members), len(members[0]), len(members[1]), response_id, digest)
+    return request, response, meta, response_id, digest
 
 
 class ExchangeSpec(NamedTuple):
@@ -437,9 +511,6 @@ def build_page_exchange(
         links=() if spec.links_cut else links,
         records=records,
     )
-    response_headers = spec.response_headers
-    if response_headers and isinstance(response_headers[0][0], bytes):
-        response_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response_headers]
     return build_exchange(
         url=url,
         fetched_at=spec.fetched_at,
@@ -447,7 +518,7 @@ def build_page_exchange(
         status=status,
         reason=spec.reason,
         http_version=spec.http_version,
-        response_headers=response_headers,  # type: ignore[arg-type]
+        response_headers=spec.response_headers,
         body=body,
         ip=spec.ip,
         metadata=metadata,
