@@ -157,10 +157,11 @@ def parse_metadata(body: bytes) -> dict[str, Any]:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    written = os.write(fd, data)  # all of it, but for a signal or a full disk
+    if written < len(data):
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 class WarcStore:
@@ -211,6 +212,7 @@ class WarcStore:
             if os.path.getsize(self._path(seq)) >= max_file_bytes:
                 seq += 1
         self._fd: int | None = None
+        self._current = ""  # the name of the file being appended to (set by _open)
         self._seq = seq
         self._size = 0
         self._open(seq)
@@ -236,6 +238,7 @@ class WarcStore:
         except OSError as exc:
             raise WarcError(f"cannot open {path}: {exc}") from exc
         self._fd, self._seq, self._size = fd, seq, os.fstat(fd).st_size
+        self._current = self._name(seq)
         if self._size == 0:
             try:
                 self._append_locked(self._warcinfo(self._name(seq)))
@@ -278,7 +281,7 @@ class WarcStore:
                 os.ftruncate(self._fd, offset)
             raise WarcError(f"cannot write {self._path(self._seq)}: {exc}") from exc
         self._size += len(blob)
-        return self._name(self._seq), offset
+        return self._current, offset
 
     @property
     def current_file(self) -> str:

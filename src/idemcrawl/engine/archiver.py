@@ -43,7 +43,7 @@ from ..warc import (
     store_download,
 )
 from ..warc_records import BuiltExchange, ExchangeSpec, with_parse_facts
-from .calls import Call
+from .calls import Call, inline
 from .clock import Clock
 
 T = TypeVar("T")
@@ -132,10 +132,24 @@ class Archiver:
         try:
             return await (call or self._write)(fn)
         except (WarcError, OSError) as exc:
-            if not self._failed:
-                self._failed = True
-                self._on_fatal(f"WARC store failed: {exc}")
-            raise ArchiveFailed(str(exc)) from exc
+            raise self._refused(exc) from exc
+
+    def _refused(self, exc: Exception) -> ArchiveFailed:
+        """The store refused a write: stop the crawl (once); the page must not commit."""
+        if not self._failed:
+            self._failed = True
+            self._on_fatal(f"WARC store failed: {exc}")
+        return ArchiveFailed(str(exc))
+
+    def _append_now(self, store: WarcStore, built: BuiltExchange) -> WarcPointer:
+        """Append a built exchange on the event loop's thread (the engine's ``append`` is
+        :func:`~.calls.inline`: a few microseconds of ``write(2)``), with no coroutine, partial
+        or future around it: nothing awaits between the dedup check and the append, so no
+        other page can see this body as being written (``_writing``)."""
+        try:
+            return store.append_exchange(built)
+        except (WarcError, OSError) as exc:
+            raise self._refused(exc) from exc
 
     def exchange_spec(
         self, lease: Lease, res: FetchResult, *, links_cut: bool
@@ -147,7 +161,7 @@ class Archiver:
         store = self.store
         if store is None:
             return None
-        request = _request_of(lease)
+        spec = lease.request  # the request's method and body (a plain GET: None)
         return ExchangeSpec(
             self._clock.time() - res.elapsed,
             res.request_headers,
@@ -156,10 +170,10 @@ class Archiver:
             _headers_as_received(res),
             res.ip,
             self._metadata(lease, res),
-            _decoded(res),
+            not res.notes or _decoded(res),
             res.cut_reason,
-            request.get("method", "GET"),
-            request.get("request_body", b""),
+            "GET" if spec is None else spec.method,
+            b"" if spec is None else spec.body or b"",
             store.compression_level,
             links_cut,
         )
@@ -229,6 +243,11 @@ class Archiver:
             )  # fmt: skip
             # The URL points at the full copy, so reparse and readers get the body.
             return Archived(ref.file, ref.offset, ref.length, body_digest, stored=False)
+        if built is not None and self._append is inline:
+            ptr = self._append_now(store, built)
+            self._bodies.add(body_digest)
+            self._remember(body_digest, ptr, lease.url)
+            return Archived(ptr.file, ptr.offset, ptr.length, body_digest, stored=True)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writing[body_digest] = done
         try:
