@@ -10,7 +10,12 @@ printed, so start-up cancels out and the figure does not move with the machine's
   40 links), with the spec a crawl sends: the request headers aiohttp sent, nginx's response
   headers as received bytes, the fetch facts;
 * ``worker``: a parser process's whole per-page work with the archive on: unpickle the job
-  (with its spec), parse, build the exchange, pickle the result.
+  (with its spec), parse, build the exchange, pickle the result;
+* ``crawl`` and ``crawl0``: the crawl process's side of a page with the archive on
+  (``Archiver.exchange_spec``, pickle the job with it, unpickle the result with its exchange,
+  ``Archiver.archive``: the dedup check and the append to a WARC file in a temporary
+  directory) and without it (the job and the result alone): their difference is what the
+  archive costs the crawl process per page, besides its SQL (the ``bodies`` row).
 
 ``--python`` builds with the pure-Python records (``warc_records._native`` set to None), the
 reference the C builder (``idemcrawl._warc``) replaces; without the extension (an older
@@ -32,9 +37,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SIDES = ("build", "worker")
+SIDES = ("build", "worker", "crawl", "crawl0")
 #: Distinct bench pages built in turn, the same number in both runs of a pair.
 JOBS = 200
+#: Pages of the crawl sides: distinct bodies (none becomes a revisit), the same in both runs.
+MAX_PAGES = 1_000
 PORTS = [40000, 40001, 40002]
 REQUEST = [
     ("Host", "127.0.0.1:40000"),
@@ -99,6 +106,9 @@ def run_side(side: str, n: int, python: bool) -> None:
     from idemcrawl.frontier.base import PAGE
     from idemcrawl.parse import ParseJob
 
+    if side.startswith("crawl"):
+        crawl_side(side == "crawl", n, pages)
+        return
     scope = frozenset(f"http://127.0.0.1:{p}" for p in PORTS)
     parse.init_worker("idemcrawl.lab.bench.crawl:BenchSpider", scope, "host")
     headers = {"content-type": "text/html; charset=utf-8"}
@@ -113,6 +123,70 @@ def run_side(side: str, n: int, python: bool) -> None:
         result = parse.parse_in_worker(loads(jobs[i % JOBS]))
         assert result.warc is not None
         dumps(result, pickle.HIGHEST_PROTOCOL)
+
+
+def crawl_side(archive: bool, n: int, pages: list[tuple[str, bytes]]) -> None:
+    """The crawl process's per-page share (see the module docstring); ``MAX_PAGES`` distinct
+    bodies made in both runs of a pair, so that no page becomes a revisit."""
+    import asyncio
+    import atexit
+    import tempfile
+
+    from idemcrawl.dedup import BloomNegativeCache
+    from idemcrawl.engine.archiver import Archiver
+    from idemcrawl.engine.calls import inline
+    from idemcrawl.fetch import FetchResult
+    from idemcrawl.frontier.base import PAGE, Lease
+    from idemcrawl.parse import ParseJob, ParseResult
+    from idemcrawl.warc import WarcStore
+    from idemcrawl.warc_records import build_page_exchange
+
+    class Clock:
+        def time(self) -> float:
+            return 1_796_000_000.0
+
+    class Frontier:
+        def find_bodies(self, digests: Any) -> dict[str, Any]:
+            return {}
+
+    tmp = tempfile.mkdtemp(prefix="exchange-instructions-")
+    atexit.register(shutil.rmtree, tmp, True)
+    store = WarcStore(tmp, "slot00")
+    archiver = Archiver(
+        store, tmp, write=inline, call=inline, frontier=Frontier(), clock=Clock(),  # type: ignore[arg-type]
+        bodies=BloomNegativeCache(100_000), on_fatal=print, append=inline,
+    )  # fmt: skip
+    fetched, leases, results = [], [], []
+    for i in range(MAX_PAGES):
+        url, body = pages[i % JOBS]
+        body += str(i).encode()
+        res = FetchResult(url, 200, {"content-type": "text/html"}, body, 0.01, wire_bytes=4321,
+                          reason="OK", http_version="1.1", request_headers=list(REQUEST),
+                          ip="127.0.0.1", wire_headers=_response(i))  # fmt: skip
+        lease = Lease(i, url, f"http://127.0.0.1:{PORTS[0]}", 1, 1, "slot00", 0.0, 1, 0)
+        result = ParseResult()
+        if archive:
+            spec = archiver.exchange_spec(lease, res, links_cut=False)
+            assert spec is not None
+            result.warc = build_page_exchange(
+                spec, url, 200, body, links=[], records=1, parse_error=None
+            )
+        fetched.append(res)
+        leases.append(lease)
+        results.append(pickle.dumps(result, pickle.HIGHEST_PROTOCOL))
+
+    async def pages_of_the_crawl() -> None:
+        dumps, loads = pickle.dumps, pickle.loads
+        for i in range(n):
+            lease, res = leases[i], fetched[i]
+            spec = archiver.exchange_spec(lease, res, links_cut=False) if archive else None
+            job = ParseJob(res.url, 200, res.headers, res.body, 1, PAGE, None, spec)
+            dumps(job, pickle.HIGHEST_PROTOCOL)
+            result = loads(results[i])
+            if archive:
+                await archiver.archive(lease, res, result, ())
+
+    asyncio.run(pages_of_the_crawl())
 
 
 def cpu_rounds(rounds: int) -> None:
@@ -176,6 +250,10 @@ def main() -> int:
     if a.cpu:
         cpu_rounds(a.cpu)
         return 0
+    if 50 + a.pages > MAX_PAGES and any(x.startswith("crawl") for x in a.sides.split(",")):
+        ap.error(
+            f"the crawl sides have {MAX_PAGES} distinct pages: --pages {MAX_PAGES - 50} at most"
+        )
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
