@@ -22,7 +22,7 @@ Why this module exists apart from :mod:`idemcrawl.warc` (the store, readers, rep
 * **Natively where it counts.** The heads, digests and record ids of :func:`build_exchange` are
   written by ``idemcrawl._warc`` (C, src/idemcrawl/_warc.c) when it is built: the same bytes as
   the Python code here, which stays as the fallback and the reference the tests compare with
-  (tests/test_warc_native.py; docs/benchmarks.md, "The archive in C", issue 17).
+  (tests/test_warc_native.py; docs/benchmarks.md, "The archive's records in C", issue 17).
 """
 
 from __future__ import annotations
