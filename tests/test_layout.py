@@ -14,7 +14,7 @@ PACKAGE = Path(idemcrawl.__file__).resolve().parent
 TOP = {"idemcrawl.cli", "idemcrawl.__main__"}
 #: C extension modules (setup.py): leaves that import nothing of the package. Listed rather than
 #: found on disk, since an install without a C compiler has none and must pass all the same.
-EXTENSIONS = {"idemcrawl._simhash", "idemcrawl._links"}
+EXTENSIONS = {"idemcrawl._simhash", "idemcrawl._links", "idemcrawl._warc"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -104,6 +104,7 @@ def test_the_graph_is_read() -> None:
     assert "idemcrawl.status" in graph["idemcrawl.serve"]
     assert "idemcrawl._simhash" in graph["idemcrawl.dedup"]  # from . import _simhash (C)
     assert "idemcrawl._links" in graph["idemcrawl.url"]  # from . import _links (C)
+    assert "idemcrawl._warc" in graph["idemcrawl.warc_records"]  # from . import _warc (C)
     assert "idemcrawl.lab.bench.crawl" in graph["idemcrawl.lab.commands"]  # inside a function
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
