@@ -18,16 +18,28 @@ ONE = HostPolicy(max_in_flight=1, delay=0.0)
 
 
 def _spy_ready(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The ``limit`` of every level-1 read (SQLite's and PostgreSQL's stores, the memory one)."""
+    """The ``limit`` of every level-1 read (SQLite's and PostgreSQL's stores, the memory one),
+    whether alone (``ready_hosts``) or with the lease call's first checks
+    (``first_ready_hosts``, when it read the window)."""
     limits: list[int] = []
     for cls in (SQLStore, PgStore, MemoryStore):
         real = cls.ready_hosts
+        real_first = cls.first_ready_hosts
 
         def spy(self: Any, now: float, max_in_flight: int, limit: int, _real: Any = real) -> Any:
             limits.append(limit)
             return _real(self, now, max_in_flight, limit)
 
+        def spy_first(
+            self: Any, now: float, max_in_flight: int, limit: int, _real: Any = real_first
+        ) -> Any:
+            rows = _real(self, now, max_in_flight, limit)
+            if rows is not None:
+                limits.append(limit)
+            return rows
+
         monkeypatch.setattr(cls, "ready_hosts", spy)
+        monkeypatch.setattr(cls, "first_ready_hosts", spy_first)
     return limits
 
 
@@ -68,3 +80,4 @@ def _done(ls: Any, now: float) -> Any:
     from idemcrawl.frontier.base import Completion
 
     return Completion(ls, 200, now, [], [], "h", 100)
+

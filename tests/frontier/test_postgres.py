@@ -741,12 +741,128 @@ def test_a_grant_writes_each_host_once_and_counts_its_urls(dsn: str, new_schema)
         states = f.stats().urls_by_state
         assert (states["queued"], states["leased"]) == (1, 5)
 
-        # A grant of a URL that is not queued would count wrongly: refused, nothing written.
+        # A grant of a URL that is not queued would count wrongly: refused, nothing written
+        # (the grant is one statement with the lease log, the hosts and the counters).
+        logged = "SELECT count(*) FROM lease_log"
+        before = f._run(lambda s: s.cur.execute(logged).fetchone()[0], write=False)
+        counters = f.stats().counters
         g = Grant("http://a", [leases[0]], 0.0, 2, 0, T0, "1970-01-12", 1)
+
+        def bad_grant(s: Any) -> None:
+            s.bump("leases_granted", 1)
+            s.grant([g], "w", T0, T0 + 30)
+
         with pytest.raises(FrontierError, match="found 0 of its 1 URLs queued"):
-            f._run(lambda s: s.grant([g], "w", T0, T0 + 30))
+            f._run(bad_grant)
         row = f.host_row("http://a")
         assert row is not None and (row["queued"], row["in_flight"]) == (1, 2)
+        assert f._run(lambda s: s.cur.execute(logged).fetchone()[0], write=False) == before
+        assert f.stats().counters == counters
+        states = f.stats().urls_by_state
+        assert (states["queued"], states["leased"]) == (1, 5)
+        # ... and so is a grant of two URLs of which one is not queued any more
+        (fresh,) = f.lease("w", 1, T0 + 5, 30, HostPolicy(max_in_flight=3, delay=0.0))
+        g2 = Grant("http://a", [fresh, leases[1]], 0.0, 3, 2, T0, "1970-01-12", 2)
+        f._run(
+            lambda s: s.cur.execute(
+                "UPDATE urls SET state = 'queued' WHERE url_id = %s", (fresh.url_id,)
+            )
+        )
+        with pytest.raises(FrontierError, match="found 1 of its 2 URLs queued"):
+            f._run(lambda s: s.grant([g2], "w", T0 + 5, T0 + 35))
+        assert f.url_row(fresh.url)["state"] == "queued"
+    finally:
+        f.close()
+
+
+def test_a_lease_call_is_six_statements_in_five_round_trips(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, monkeypatch
+) -> None:
+    """A lease call on PostgreSQL: BEGIN (psycopg syncs it alone), the expiry check, the
+    pause flag and level 1 (one statement), level 2, the grant with its counters and the
+    transaction id (one statement) with the count trigger's setting back in the same round
+    trip, COMMIT: six statements in five round trips (13 in 9 in session 9). Request specs
+    are read only for URLs that have one."""
+    from idemcrawl.frontier.sql import SQLStore
+    from idemcrawl.lab.bench.dbcost import count_pg_wire
+
+    f = _open(dsn, new_schema())
+    try:
+        f._stats_due_at = math.inf  # no statistics check in the traced calls
+        f.add(_urls("http://a", 3) + _urls("http://b", 3), T0)
+        asked: list[list[int]] = []
+        real = SQLStore.requests_of
+
+        def requests_of(self: Any, ids: Sequence[int]) -> Any:
+            asked.append(list(ids))
+            return real(self, ids)
+
+        monkeypatch.setattr(SQLStore, "requests_of", requests_of)
+        assert f._conn is not None
+        two = HostPolicy(max_in_flight=2, delay=0.0)  # two URLs of each host: one level 2
+        with count_pg_wire(f._conn) as wire:
+            leases = f.lease("w", 4, T0, 30, two)
+        assert len(leases) == 4 and all(ls.request is None for ls in leases)
+        assert (wire.statements, wire.round_trips) == (6, 5)
+        assert asked == []
+        assert f.stats().counters["leases_granted"] == 4
+        # A URL with a spec: its spec (and only its) is read, in one more round trip.
+        from idemcrawl.frontier.base import RequestSpec
+
+        spec = RequestSpec(callback="parse_item")
+        f.add([NewURL("http://c/item", "http://c", request=spec)], T0)
+        three = HostPolicy(max_in_flight=3, delay=0.0)  # one URL of each of the three hosts
+        with count_pg_wire(f._conn) as wire:
+            got = {ls.url: ls for ls in f.lease("w", 8, T0, 30, three)}
+        assert got["http://c/item"].request == spec
+        assert [ls.request for u, ls in got.items() if u != "http://c/item"] == [None] * 2
+        assert asked == [[got["http://c/item"].url_id]]
+        assert (wire.statements, wire.round_trips) == (7, 6)
+        assert f.stats().counters["leases_granted"] == 7
+    finally:
+        f.close()
+
+
+def test_a_lease_call_after_an_expiry_or_a_pause_takes_the_steps_one_by_one(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, monkeypatch
+) -> None:
+    """When the lease call's first statement finds an expired lease (or the pause flag), it
+    locks and reads no host: the call expires the leases, checks the flag, then reads level 1,
+    and its grants and counts are those of the steps one by one."""
+    from idemcrawl.frontier.postgres_store import PgStore
+
+    f = _open(dsn, new_schema())
+    try:
+        f.add(_urls("http://a", 2), T0)
+        assert len(f.lease("dead", 1, T0, 10, HostPolicy(max_in_flight=1, delay=0.0))) == 1
+        f.add(_urls("http://b", 1), T0)
+        firsts: list[list[Any] | None] = []
+        real = PgStore.first_ready_hosts
+
+        def first(self: PgStore, now: float, mif: int, limit: int) -> Any:
+            rows = real(self, now, mif, limit)
+            firsts.append(rows)
+            return rows
+
+        monkeypatch.setattr(PgStore, "first_ready_hosts", first)
+        got = f.lease("w", 10, T0 + 11, 300, HostPolicy(max_in_flight=1, delay=0.0))
+        assert firsts == [None]
+        assert sorted(ls.host_key for ls in got) == ["http://a", "http://b"]
+        s = f.stats()
+        assert s.counters["lease_expiries"] == 1 and s.counters["leases_granted"] == 3
+        f.control("pause")
+        assert f.lease("w", 10, T0 + 50, 30, FAST) == []
+        assert firsts[-1] is None
+        f.control("resume")
+        assert len(f.lease("w", 10, T0 + 50, 30, FAST)) == 1
+        assert firsts[-1] is not None and [h.host_key for h in firsts[-1]] == ["http://a"]
+        counted: dict[str, list[int]] = {}
+        for row in f.url_rows():
+            c = counted.setdefault(row["host_key"], [0, 0])
+            c[0] += row["state"] == "queued"
+            c[1] += row["state"] == "leased"
+        kept = {h["host_key"]: [h["queued"], h["in_flight"]] for h in f.host_rows()}
+        assert counted == kept
     finally:
         f.close()
 
@@ -1250,7 +1366,7 @@ def test_grant_and_completion_find_their_urls_by_key_on_a_smaller_crawls_statist
     ``urls_queue`` and hash them against the batch, and the completion's must not read every
     URL row (`bench crawl`: 3-11 ms a call, 40 % of the server's time, before)."""
     from idemcrawl.frontier.postgres import PostgresFrontier
-    from idemcrawl.frontier.postgres_store import _GRANT_URLS
+    from idemcrawl.frontier.postgres_store import _GRANT_BY_ID
 
     f: PostgresFrontier = _open(dsn, new_schema())
     f.add(_urls("http://seed", 50), T0)
@@ -1260,15 +1376,22 @@ def test_grant_and_completion_find_their_urls_by_key_on_a_smaller_crawls_statist
     leases = f.lease("w", 40, T0, 60, FAST)
     assert len(leases) == 40
     ids = [ls.url_id for ls in leases]
+    n = len(leases)
+    # The grant's whole statement (its UPDATE of urls is one of its CTEs), planned generic.
     grant = f._run(
         lambda s: _generic_plan(
             s,
-            _GRANT_URLS,
-            ["w", T0 + 60, T0, ids, [ls.token for ls in leases], ids],
-            ["text", "float8", "float8", "bigint[]", "bigint[]", "bigint[]"],
+            _GRANT_BY_ID,
+            ["w", T0 + 60, T0, ids, [ls.token for ls in leases], ids,
+             [T0] * n, [1] * n, ids, ["page"] * n, [T0] * n, [0.0] * n, [8] * n, [0] * n,
+             [1], [T0], [n], ["1970-01-12"], [n], n, -n, ["leases_granted"], [n]],
+            ["text", "float8", "float8", "bigint[]", "bigint[]", "bigint[]",
+             "float8[]", "int[]", "bigint[]", "text[]", "float8[]", "float8[]", "int[]",
+             "int[]", "int[]", "float8[]", "int[]", "text[]", "int[]", "bigint", "bigint",
+             "text[]", "bigint[]"],
         ),
         write=False,
-    )
+    )  # fmt: skip
     assert "urls_pkey" in grant and "urls_queue" not in grant, grant
     # Both scans of urls are bounded by the batch's ids themselves, whichever join the
     # planner then picks (a plan cached while the crawl was small picked a hash join over a

@@ -233,6 +233,10 @@ class MemoryStore(MemoryReads):
     def crawl_paused(self) -> bool:
         return self.meta.get("paused") == "1"
 
+    def first_ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow] | None:
+        """None: in memory the lease call's steps one by one cost nothing extra."""
+        return None
+
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         while self.parked and self.parked[0][0] <= now:
             _, rseq, key = heapq.heappop(self.parked)

@@ -2,12 +2,15 @@
 operations PostgreSQL does set-based.
 
 Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
-11 statements in 9 round trips and a completion batch 11-12 in 5 (``bench frontier``'s trace;
-writes whose result nobody reads go out with the next statement, ``PgStore._defer``), whatever
-their size (issue 14): URL inserts (their hosts' ids read once per host first, schema 6), level
-2 for all planned hosts (one ``LATERAL`` statement), the grants, the fenced completion update,
-host updates, record upserts and events. Arrays are bound in binary. The connection,
-transactions and retries are ``postgres.py``'s.
+6 statements in 5 round trips (BEGIN, which psycopg sends in a round trip of its own; the
+expiry check, pause flag and level 1 in one statement; level 2; the grant with its counters
+in one statement and the count trigger's setting back; COMMIT) and a completion batch 11-12
+in 5 (``bench frontier``'s trace; writes whose result nobody reads go out with the next
+statement, ``PgStore._defer``), whatever their size (issue 14): URL inserts (their hosts' ids
+read once per host first, schema 6), level 2 for all planned hosts (one ``LATERAL``
+statement), the grants, the fenced completion update, host updates, record upserts and
+events. Arrays are bound in binary. The connection, transactions and retries are
+``postgres.py``'s.
 """
 
 from __future__ import annotations
@@ -76,11 +79,16 @@ _LOCK_HOSTS = (
     "ORDER BY host_key {lock}"
 )
 
+#: Whether a picked URL has a request spec (I11), with its row: the lease call then reads
+#: specs only for the URLs that have one (``PgStore.requests_of``), not in a statement of its
+#: own for every call. One probe of ``requests``' key per row (an empty index in a crawl of
+#: plain GETs).
+_HAS_SPEC = "EXISTS (SELECT 1 FROM requests AS r WHERE r.url_id = p.url_id)"
 #: Level 2 for every planned host in one statement: each host's best due page URLs, locked,
 #: skipping rows another leaser holds (one statement per host took 257 round trips per lease
-#: call). The outer ORDER BY keeps each host's rows in pick order.
+#: call), each with ``_HAS_SPEC``. The outer ORDER BY keeps each host's rows in pick order.
 _PICK_URLS = (
-    f"SELECT w.host_key, {', '.join('p.' + c for c in PICK_COLUMNS)} "
+    f"SELECT w.host_key, {', '.join('p.' + c for c in PICK_COLUMNS)}, {_HAS_SPEC} "
     "FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY AS w(host_key, n, ord) "
     "JOIN hosts AS h ON h.host_key = w.host_key "
     f"CROSS JOIN LATERAL (SELECT {PICK_COLS}, priority FROM urls "
@@ -93,10 +101,27 @@ _PICK_URLS = (
 #: call (level 2, the lease log, the hosts' tokens) then finds the hosts by id, not by key.
 _READY_HOSTS_IDS = POSTGRES.sql(READY_HOSTS).replace("SELECT ", "SELECT host_id, ", 1)
 assert _READY_HOSTS_IDS.startswith("SELECT host_id, host_key, ")
+#: The start of a lease call in one statement (``PgStore.first_ready_hosts``): whether a
+#: lease has expired (``SQLStore.expired_leases``' predicate) or the crawl is paused, and,
+#: only when neither holds, level 1 (``_READY_HOSTS_IDS``): one row of flags and NULL host
+#: columns when nothing is ready. The three took three statements in three round trips; the
+#: expiry check is nearly always a no-op (one probe of ``urls_leases``), as is the flag (one
+#: of ``meta``'s key).
+_LEASE_START = (
+    "SELECT x.expired OR x.paused, r.* FROM (SELECT EXISTS (SELECT 1 FROM urls "
+    "WHERE state = 'leased' AND lease_expires_at <= %s) AS expired, "
+    "EXISTS (SELECT 1 FROM meta WHERE key = 'paused' AND value = '1') AS paused) AS x "
+    "LEFT JOIN LATERAL ("
+    + _READY_HOSTS_IDS.replace(
+        " FROM hosts WHERE ", " FROM hosts WHERE NOT (x.expired OR x.paused) AND ", 1
+    )
+    + ") AS r ON true"
+)
+assert "WHERE NOT (x.expired OR x.paused) AND " in _LEASE_START
 #: ``_PICK_URLS`` for hosts whose ids level 1 read: no lookup of each host by its key
 #: (the join took a quarter of the statement); rows come back with the host's position.
 _PICK_URLS_BY_ID = (
-    f"SELECT w.ord, {', '.join('p.' + c for c in PICK_COLUMNS)} "
+    f"SELECT w.ord, {', '.join('p.' + c for c in PICK_COLUMNS)}, {_HAS_SPEC} "
     "FROM unnest(%b::int[], %b::int[]) WITH ORDINALITY AS w(host_id, n, ord) "
     f"CROSS JOIN LATERAL (SELECT {PICK_COLS}, priority FROM urls "
     "WHERE urls.host_id = w.host_id AND state = 'queued' AND due_at <= %s "
@@ -125,7 +150,7 @@ _LEASE_LOG_BY_ID = (
 )
 #: The hosts' tokens and budgets, and the counts of the URLs the grant moved from queued to
 #: leased (``n`` per host), in one write of each host row: the count trigger skips the
-#: grant's UPDATE of urls (``_COUNTED``), which used to write every granted host once more
+#: grant's UPDATE of urls (``_grant_sql``), which used to write every granted host once more
 #: (schema 9).
 _GRANT_HOSTS = (
     "UPDATE hosts AS h SET next_allowed_at = g.next_allowed_at, "
@@ -150,7 +175,9 @@ _GRANT_URLS = (
     "WHERE u.url_id = ANY(%b::bigint[]) AND u.url_id = g.url_id AND u.state = g.queued"
 )
 #: Schema 9's ``urls_count_update`` does nothing while this transaction-local setting is
-#: 'on': set around the grant's UPDATE of urls only, whose counts the grant writes itself.
+#: 'on': set around the statements that count their own URLs, the completion's fenced update
+#: (``finish``) and the grant (its statement sets it itself, as the trigger fires at the
+#: statement's end, and the statement after it in the same pipeline sets it back).
 _COUNTED = "SELECT set_config('idemcrawl.counted', %s, true)"
 #: The grant's per-state totals (the trigger's ``url_states`` upsert, in state order).
 _GRANT_STATES = (
@@ -160,6 +187,35 @@ _GRANT_STATES = (
 )
 _GRANT_HOSTS_BY_KEY = _GRANT_HOSTS.format(key="text", column="host_key")
 _GRANT_HOSTS_BY_ID = _GRANT_HOSTS.format(key="int", column="host_id")
+#: The counters the transaction bumped so far, in name order (``precommit``'s upsert).
+_ADD_COUNTERS = (
+    "INSERT INTO counters AS t (name, value) SELECT * FROM unnest(%b::text[], %b::bigint[]) "
+    "ON CONFLICT (name) DO UPDATE SET value = t.value + excluded.value"
+)
+
+
+def _grant_sql(by_id: bool) -> str:
+    """The whole grant in one statement (data-modifying CTEs, each run once and to the end
+    whether read or not): the URL rows (``_GRANT_URLS``), the lease log, the hosts' tokens,
+    budgets and counts, the per-state totals, and the lease call's counters, which it is
+    the last write of (``Scheduler._lease``); it returns how many URL rows moved (the
+    caller's check, I6), turns the count trigger off for this statement (``_COUNTED``
+    turns it on again) and returns the transaction's id, which ``precommit`` would read
+    with the counters. Six statements in one pipeline before (session 9), and the counters'
+    one more round trip."""
+    return (
+        f"WITH leased AS ({_GRANT_URLS} RETURNING 1), "
+        f"logged AS ({_LEASE_LOG_BY_ID if by_id else _LEASE_LOG_BY_KEY}), "
+        f"hosted AS ({_GRANT_HOSTS_BY_ID if by_id else _GRANT_HOSTS_BY_KEY}), "
+        f"states AS ({_GRANT_STATES}), "
+        f"bumped AS ({_ADD_COUNTERS}) "
+        "SELECT (SELECT count(*) FROM leased), set_config('idemcrawl.counted', 'on', true), "
+        "pg_current_xact_id()::text"
+    )
+
+
+_GRANT_BY_ID = _grant_sql(True)
+_GRANT_BY_KEY = _grant_sql(False)
 
 #: Column types of the fenced completion update's unnest (DONE_COLUMNS order).
 _DONE_TYPES = {
@@ -336,6 +392,11 @@ class PgStore(SQLStore):
         #: URLs per state this transaction moved and counted itself (``finish``), for
         #: ``precommit`` to add to ``url_states``; the triggers count every other move.
         self._states: Counter[str] = Counter()
+        #: URLs level 2 picked in this transaction that have no request spec (``_HAS_SPEC``):
+        #: ``requests_of`` reads none for them. Specs are written with their URL only (I11).
+        self._plain: set[int] = set()
+        #: The transaction's id once the grant read it with the counters (``precommit``).
+        self._xid: str | None = None
 
     def _pipeline(self) -> contextlib.AbstractContextManager[Any]:
         """Statements whose results are not needed go out in one round trip (libpq 14+;
@@ -462,6 +523,19 @@ class PgStore(SQLStore):
         self._host_id.update((r[1], int(r[0])) for r in rows)
         return {r[1]: HostRow(*r[1:]) for r in rows if r[1] in wanted}
 
+    def first_ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow] | None:
+        """The lease call's expiry check, pause flag and level 1 in one statement
+        (``_LEASE_START``)."""
+        rows = self.cur.execute(
+            _LEASE_START, (now, now, now, max_in_flight, MAX_STREAK_SHIFT, now, limit)
+        ).fetchall()
+        if rows[0][0]:
+            return None  # a lease expired, or the crawl is paused: the steps one by one
+        if rows[0][1] is None:
+            return []  # no host is ready (the LEFT JOIN's row)
+        self._host_id.update((r[2], int(r[1])) for r in rows)
+        return [HostRow(*r[2:]) for r in rows]
+
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         """Level 1 (``sql_dialect.READY_HOSTS``), keeping the ids of the hosts it read."""
         rows = self.cur.execute(
@@ -491,13 +565,23 @@ class PgStore(SQLStore):
                 for r in self.cur.execute(_PICK_URLS_BY_ID, (ids, counts, float(now))).fetchall()
             ]
         limits = {key: (n, set(ex)) for key, n, ex in wants}
+        plain = self._plain
         for r in rows:
             key = r[0]
+            if not r[-1]:
+                plain.add(r[1])
             n, skip = limits[key]
             picked = out[key]
             if len(picked) < n and r[1] not in skip:
-                picked.append(tuple(r[1:]))
+                picked.append(tuple(r[1:-1]))
         return out
+
+    def requests_of(self, url_ids: Sequence[int]) -> dict[int, RequestSpec]:
+        """``SQLStore.requests_of`` for the URLs level 2 did not already find without a spec:
+        none of a lease call's picks in a crawl of plain GETs, so no statement."""
+        plain = self._plain
+        ask = [i for i in url_ids if i not in plain]
+        return super().requests_of(ask) if ask else {}
 
     def _ids(self, keys: Sequence[str]) -> list[int] | None:
         """The ids of ``keys`` if this transaction read every one of them (level 1, a lock)."""
@@ -507,60 +591,69 @@ class PgStore(SQLStore):
         return [known[k] for k in keys]
 
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
+        """The grant in one statement (``_grant_sql``) and the count trigger's setting back
+        in the same round trip; the counters bumped so far go with it."""
         leases = [(g, i, ls) for g in grants for i, ls in enumerate(g.leases)]
         # Every granted host came from level 1, so normally by id (the hosts_host_id integer
         # index, not the text key's); the key spellings stay for any other caller.
         host_ids = self._ids([g.host_key for g in grants])
-        cur = self.cur
-        # Its own cursor: its row count is read after the pipeline, the others' results not.
-        leased = cur.connection.cursor()
+        if host_ids is None:
+            hosts: list[Any] = [g.host_key for g in grants]
+            per_lease: list[Any] = [g.host_key for g, _, _ in leases]
+        else:
+            hosts = host_ids
+            per_lease = [h for h, g in zip(host_ids, grants, strict=True) for _ in g.leases]
+        ids = [ls.url_id for _, _, ls in leases]
+        names = sorted(self.bumps)
+        # Its own cursor: its row is read after the pipeline, the other statement's not.
+        granted = self._raw.connection.cursor()
         with self._pipeline():
+            self._send_later()  # writes deferred before the grant keep their order
             # Every granted URL is queued and locked by this transaction (level 2's picks, the
             # robots.txt claim), so the grant moves len(g.leases) URLs of each host from
-            # queued to leased: it writes those counts with the host's token below, and the
-            # count trigger skips this statement. ``state = 'queued'`` and the row count
-            # checked after the pipeline keep the counts exact (I6) should that ever not hold.
-            cur.execute(_COUNTED, ("on",))
-            ids = [ls.url_id for _, _, ls in leases]
-            leased.execute(
-                _GRANT_URLS, (owner, expires, now, ids, [ls.token for _, _, ls in leases], ids)
-            )
-            cur.execute(_COUNTED, ("off",))
-            if host_ids is None:
-                hosts: list[Any] = [g.host_key for g in grants]
-                per_lease: list[Any] = [g.host_key for g, _, _ in leases]
-            else:
-                hosts = host_ids
-                per_lease = [h for h, g in zip(host_ids, grants, strict=True) for _ in g.leases]
-            cur.execute(
-                _LEASE_LOG_BY_KEY if host_ids is None else _LEASE_LOG_BY_ID,
+            # queued to leased: it writes those counts with the host's token, and the count
+            # trigger skips its UPDATE of urls. ``state = 'queued'`` and the row count
+            # checked below keep the counts exact (I6) should that ever not hold.
+            granted.execute(
+                _GRANT_BY_KEY if host_ids is None else _GRANT_BY_ID,
                 (
+                    owner,
+                    expires,
+                    now,
+                    ids,
+                    [ls.token for _, _, ls in leases],
+                    ids,
                     [float(ls.start_at or now) for _, _, ls in leases],
                     per_lease,
-                    [ls.url_id for _, _, ls in leases],
+                    ids,
                     [ls.kind for _, _, ls in leases],
                     [float(ls.due_at) for _, _, ls in leases],
                     [float(g.min_gap) for g, _, _ in leases],
                     [g.allowance for g, _, _ in leases],
                     [g.in_flight + i for g, i, _ in leases],
-                ),
-            )
-            cur.execute(
-                _GRANT_HOSTS_BY_KEY if host_ids is None else _GRANT_HOSTS_BY_ID,
-                (
                     hosts,
                     [float(g.next_allowed_at) for g in grants],
                     [g.budget_used for g in grants],
                     [g.budget_day for g in grants],
                     [len(g.leases) for g in grants],
+                    len(leases),
+                    -len(leases),
+                    names,
+                    [self.bumps[n] for n in names],
                 ),
             )
-            cur.execute(_GRANT_STATES, (len(leases), -len(leases)))
-        if leased.rowcount != len(leases):
+            self._raw.execute(_COUNTED, ("off",))
+        row = granted.fetchone()
+        granted.close()
+        assert row is not None
+        moved, _, xid = row
+        if moved != len(leases):
             raise FrontierError(
-                f"a grant found {leased.rowcount} of its {len(leases)} URLs queued; "
+                f"a grant found {moved} of its {len(leases)} URLs queued; "
                 "its counts would be wrong, so the transaction is rolled back"
             )
+        self.bumps.clear()
+        self._xid = xid
 
     def finish(self, completions: Sequence[Completion]) -> list[bool]:
         """The lease fence for the whole batch in one statement (``_send_fence``)."""
@@ -703,6 +796,12 @@ class PgStore(SQLStore):
         when the transaction wrote nothing: running it again is then harmless. The outer query
         reads the id only after its FROM has run the writes, so they have assigned one.
         """
+        if self._xid is not None and not (
+            self.bumps or self._later or self._states or any(self._out_of_flight.values())
+        ):
+            # The grant wrote the counters and read the id (``grant``), and nothing else is
+            # left for this statement to write.
+            return self._xid
         parts: list[str] = []
         params: list[Any] = []
         out = sorted(k for k, n in self._out_of_flight.items() if n)

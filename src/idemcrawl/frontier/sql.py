@@ -252,6 +252,11 @@ class SQLStore:
     def crawl_paused(self) -> bool:
         return self._scalar("SELECT 1 FROM meta WHERE key = 'paused' AND value = '1'") is not None
 
+    def first_ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow] | None:
+        """None: SQLite's steps cost no round trip, so the lease call runs them one by one
+        (``PgStore`` reads them in one statement)."""
+        return None
+
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         params = (now, now, max_in_flight, MAX_STREAK_SHIFT, now, limit)
         rows = self._x(_READY_HOSTS_IDS, params).fetchall()

@@ -248,6 +248,13 @@ class Store(Protocol):
 
     def crawl_paused(self) -> bool: ...
 
+    def first_ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow] | None:
+        """The start of a lease call in one read, where the engine can: ``ready_hosts(now,
+        max_in_flight, limit)`` if no lease has expired at ``now`` and the crawl is not paused;
+        None when one of those holds, or when the store reads them one by one anyway (the
+        caller then expires, checks the pause flag and reads level 1 itself)."""
+        ...
+
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         """Up to ``limit`` hosts by ``next_allowed_at`` that may be granted a lease now (the
         predicate is ``scheduler.host_ready`` plus: some queued URL is due); with row locks, the
