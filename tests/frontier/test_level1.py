@@ -81,3 +81,29 @@ def _done(ls: Any, now: float) -> Any:
 
     return Completion(ls, 200, now, [], [], "h", 100)
 
+
+def test_the_first_window_follows_the_urls_per_host_of_the_last_call(
+    frontier: Frontier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 40 hosts of 10 URLs. A first call of 20 at 4 in flight per host reads 20 + SLACK hosts
+    # and grants 4 URLs of each of 5; the next call of 20 reads only the 5 hosts it needs
+    # plus the slack. When the hosts then take one URL each (a delay), the first window falls
+    # short and the second reads on: the call still gets its 20, from the same hosts one
+    # large window would give.
+    keys = [f"http://h{h:02d}" for h in range(40)]
+    frontier.add([NewURL(f"{k}/{n}", k) for k in keys for n in range(10)], T0)
+    four = HostPolicy(max_in_flight=4, delay=0.0)
+    limits = _spy_ready(monkeypatch)
+    first = frontier.lease("w", 20, T0, 60, four)
+    assert len(first) == 20 and len({ls.host_key for ls in first}) == 5
+    assert limits == [20 + READY_SLACK]
+    limits.clear()
+    second = frontier.lease("w", 20, T0, 60, four)
+    assert len(second) == 20 and len({ls.host_key for ls in second}) == 5
+    assert limits == [5 + READY_SLACK]
+    limits.clear()
+    spaced = frontier.lease("w", 20, T0, 60, HostPolicy(max_in_flight=4, delay=5.0))
+    hosts = [ls.host_key for ls in spaced]
+    assert len(hosts) == len(set(hosts)) == 20
+    assert not set(hosts) & {ls.host_key for ls in first + second}
+    assert limits == [5 + READY_SLACK, READY_REACH * 20 + READY_SLACK]
