@@ -1308,6 +1308,24 @@ def test_level_one_probes_each_host_instead_of_joining_every_due_url(dsn: str, n
     # ... and the probe goes through the host's queue index, not a scan of urls betting on an
     # early due row (11,800 rows read per host with a bare LIMIT 1, at 50 hosts x 400 URLs)
     assert "using urls_queue on urls" in text and "Seq Scan on urls" not in text, text
+    # The same inside the lease call's start statement (expiry check and pause flag first),
+    # in the generic plan psycopg ends up preparing.
+    from idemcrawl.frontier.postgres_store import _LEASE_START
+
+    start = f._run(
+        lambda s: _generic_plan(
+            s,
+            _LEASE_START,
+            [T0, T0, T0, 1, 10, T0, 100],
+            ["float8", "float8", "float8", "int", "int", "float8", "int"],
+        ),
+        write=False,
+    )
+    assert "SubPlan" in start and "Semi Join" not in start, start
+    assert "using urls_queue on urls" in start and "Seq Scan on urls" not in start, start
+    assert "hosts_ready" in start and "Seq Scan on hosts" not in start, start
+    # The expiry and pause probes run once, not copied into level 1's gate as well.
+    assert start.count("urls_leases") == 1 and start.count("meta_pkey") == 1, start
     f.close()
 
 

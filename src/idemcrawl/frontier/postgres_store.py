@@ -106,11 +106,12 @@ assert _READY_HOSTS_IDS.startswith("SELECT host_id, host_key, ")
 #: only when neither holds, level 1 (``_READY_HOSTS_IDS``): one row of flags and NULL host
 #: columns when nothing is ready. The three took three statements in three round trips; the
 #: expiry check is nearly always a no-op (one probe of ``urls_leases``), as is the flag (one
-#: of ``meta``'s key).
+#: of ``meta``'s key). ``OFFSET 0`` keeps the flags one row evaluated once: pulled up, both
+#: probes were copied into level 1's gate and ran twice.
 _LEASE_START = (
     "SELECT x.expired OR x.paused, r.* FROM (SELECT EXISTS (SELECT 1 FROM urls "
     "WHERE state = 'leased' AND lease_expires_at <= %s) AS expired, "
-    "EXISTS (SELECT 1 FROM meta WHERE key = 'paused' AND value = '1') AS paused) AS x "
+    "EXISTS (SELECT 1 FROM meta WHERE key = 'paused' AND value = '1') AS paused OFFSET 0) AS x "
     "LEFT JOIN LATERAL ("
     + _READY_HOSTS_IDS.replace(
         " FROM hosts WHERE ", " FROM hosts WHERE NOT (x.expired OR x.paused) AND ", 1
