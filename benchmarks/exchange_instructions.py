@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -220,17 +219,11 @@ def cpu_rounds(rounds: int) -> None:
 
 
 def count(tool: str, side: str, n: int, python: bool, workdir: Path) -> int:
-    out = workdir / f"{tool}.{side}.{'py' if python else 'c'}.{n}"
-    extra = ["--cache-sim=no"] if tool == "cachegrind" else []
-    subprocess.run(
-        ["valgrind", f"--tool={tool}", *extra, f"--{tool}-out-file={out}",
-         sys.executable, __file__, "--side", side, "--n", str(n),
-         *(["--python"] if python else [])],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    from idemcrawl.lab.bench.instructions import parse_cachegrind  # not in the counted runs
+    from idemcrawl.lab.bench.instructions import valgrind_count  # not in the counted runs
 
-    return parse_cachegrind(out.read_text(), out.name)
+    argv = [sys.executable, __file__, "--side", side, "--n", str(n)]
+    out = workdir / f"{tool}.{side}.{'py' if python else 'c'}.{n}"
+    return valgrind_count([*argv, *(["--python"] if python else [])], out, tool)
 
 
 def main() -> int:

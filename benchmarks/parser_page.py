@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -66,16 +65,10 @@ def run_side(side: str, n: int) -> None:
 
 
 def count(tool: str, side: str, n: int, workdir: Path) -> int:
-    out = workdir / f"{tool}.{side}.{n}"
-    extra = ["--cache-sim=no"] if tool == "cachegrind" else []
-    subprocess.run(
-        ["valgrind", f"--tool={tool}", *extra, f"--{tool}-out-file={out}",
-         sys.executable, __file__, "--side", side, "--n", str(n)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    from idemcrawl.lab.bench.instructions import parse_cachegrind  # not in the counted runs
+    from idemcrawl.lab.bench.instructions import valgrind_count  # not in the counted runs
 
-    return parse_cachegrind(out.read_text(), out.name)
+    argv = [sys.executable, __file__, "--side", side, "--n", str(n)]
+    return valgrind_count(argv, workdir / f"{tool}.{side}.{n}", tool)
 
 
 def main() -> int:

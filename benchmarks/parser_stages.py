@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -64,17 +63,10 @@ def run_stage(stage: str, n: int) -> None:
 
 
 def count(stage: str, n: int, workdir: Path) -> int:
-    out = workdir / f"cg.{stage}.{n}"
-    subprocess.run(
-        [
-            "valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-            sys.executable, __file__, "--stage", stage, "--n", str(n),
-        ],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    from idemcrawl.lab.bench.instructions import parse_cachegrind  # not in the counted runs
+    from idemcrawl.lab.bench.instructions import valgrind_count  # not in the counted runs
 
-    return parse_cachegrind(out.read_text(), out.name)
+    argv = [sys.executable, __file__, "--stage", stage, "--n", str(n)]
+    return valgrind_count(argv, workdir / f"cg.{stage}.{n}")
 
 
 def main() -> int:

@@ -223,6 +223,19 @@ def parse_cachegrind(text: str, name: str = "cachegrind output") -> int:
     raise BenchError(f"{name}: no summary line (did the process exit normally?)")
 
 
+def valgrind_count(argv: Sequence[str], out: Path, tool: str = "cachegrind") -> int:
+    """Instructions (``Ir``) of one run of ``argv`` under valgrind's ``tool`` (cachegrind or
+    callgrind), its output file kept at ``out`` for a closer look. The benchmark scripts run
+    themselves this way, twice with different sizes, and take the difference per page."""
+    extra = ["--cache-sim=no"] if tool == "cachegrind" else []
+    subprocess.run(
+        ["valgrind", f"--tool={tool}", *extra, f"--{tool}-out-file={out}", *argv],
+        check=True,
+        capture_output=True,
+    )
+    return parse_cachegrind(out.read_text(), out.name)
+
+
 def sum_cachegrind(outdir: Path) -> tuple[int, int]:
     """Instructions of every process of a run (one ``cg.PID`` file each) and how many there were."""
     files = sorted(outdir.glob("cg.*"))
