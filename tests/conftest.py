@@ -8,6 +8,7 @@ new PostgreSQL test cannot be forgotten (see :func:`needs_postgres`).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import types
 from collections.abc import Iterator
@@ -102,3 +103,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if needs_postgres(item):
             item.add_marker(pytest.mark.postgres)
+
+
+def native_extension(name: str) -> types.ModuleType:
+    """``idemcrawl.<name>``, one of the C extensions; outside CI a checkout built without a C
+    compiler skips the test (CI never does: there the extension must be built)."""
+    from .frontier.conftest import in_ci
+
+    try:
+        return importlib.import_module(f"idemcrawl.{name}")
+    except ImportError:
+        if in_ci():
+            raise
+        pytest.skip(f"idemcrawl.{name} was not built (no C compiler?)")

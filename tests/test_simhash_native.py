@@ -21,19 +21,13 @@ from hypothesis import strategies as st
 from idemcrawl import dedup
 from idemcrawl.dedup import _WORD, _simhash64_py, simhash64
 
+from .conftest import native_extension
 from .frontier.conftest import in_ci
 
 
 @pytest.fixture(scope="module")
 def native() -> ModuleType:
-    """The extension; outside CI a checkout without a C compiler skips (CI never does)."""
-    try:
-        from idemcrawl import _simhash
-    except ImportError:
-        if in_ci():
-            raise
-        pytest.skip("idemcrawl._simhash was not built (no C compiler?)")
-    return _simhash
+    return native_extension("_simhash")
 
 
 def both(native: ModuleType, text: str) -> int:
