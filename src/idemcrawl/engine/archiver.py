@@ -62,8 +62,9 @@ def _request_of(lease: Lease) -> dict[str, Any]:
 
 def _decoded(res: FetchResult) -> bool:
     """False when the fetcher kept a body as received (an encoding it could not decode): its
-    Content-Encoding is then still true and stays in the stored headers."""
-    return not any("not decoded" in n for n in res.notes)
+    Content-Encoding is then still true and stays in the stored headers. Most responses carry
+    no notes at all: that case costs no generator (it runs for every archived page)."""
+    return not res.notes or not any("not decoded" in n for n in res.notes)
 
 
 def _headers_as_received(res: FetchResult) -> Sequence[tuple[Any, Any]]:
@@ -170,7 +171,7 @@ class Archiver:
             _headers_as_received(res),
             res.ip,
             self._metadata(lease, res),
-            not res.notes or _decoded(res),
+            _decoded(res),
             res.cut_reason,
             "GET" if spec is None else spec.method,
             b"" if spec is None else spec.body or b"",

@@ -499,9 +499,7 @@ class Scheduler(Reads):
         for the 3-4 it granted (8 URLs each at 8 in flight per host, session 9). A call whose
         hosts take fewer than the last call's reads the second window (``_ready_hosts``),
         whose reach is the same, so the hosts granted are those one larger window gives."""
-        per_host = self._per_host
-        need = limit if per_host <= 1.0 else min(limit, math.ceil(limit / per_host))
-        return need + READY_SLACK
+        return math.ceil(limit / max(self._per_host, 1.0)) + READY_SLACK
 
     @staticmethod
     def _ready_hosts(
