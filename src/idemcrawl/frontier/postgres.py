@@ -91,6 +91,10 @@ _CONNECT_DEFAULTS: dict[str, Any] = {
     "application_name": "idemcrawl",
 }
 
+#: A read that must see one state across its statements.
+_SNAPSHOT_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+
 @dataclass(slots=True)
 class _Attempt:
     """What is known about an attempt when it fails: did it reach COMMIT, under which xid."""
@@ -176,7 +180,9 @@ class PostgresFrontier(Scheduler):
         return None if self._backend is None else self._backend[0]
 
     def _connect(self) -> Connection[Any]:
-        conn = psycopg.connect(self._dsn, autocommit=False, **self._connect_kwargs)
+        # Autocommit: each transaction sends its own BEGIN with its first statement (PgStore),
+        # one round trip fewer than psycopg's BEGIN, which it sends and waits for alone.
+        conn = psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs)
         try:
             if conn.info.server_version < MIN_SERVER_VERSION:
                 raise FrontierError(
@@ -292,26 +298,23 @@ class PostgresFrontier(Scheduler):
         conn = self._ensure_connection()
         try:
             with conn.cursor() as cur:
-                if snapshot:
-                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                store = PgStore(cur, self._pipelines)
+                store = PgStore(cur, self._pipelines, _SNAPSHOT_BEGIN if snapshot else "BEGIN")
                 result = fn(store)
                 if write:
                     state.xid = store.precommit()
-                else:
-                    store.flush()
                 state.result = result
                 state.committing = True
-                self._commit(conn)
+                self._commit(store)
                 return result
         except BaseException as exc:
             if not isinstance(exc, psycopg.Error):
                 self._rollback_quietly()
             raise
 
-    def _commit(self, conn: Connection[Any]) -> None:
-        """COMMIT (a seam: tests replace it to lose the acknowledgement of a commit)."""
-        conn.commit()
+    def _commit(self, store: PgStore) -> None:
+        """COMMIT, with the writes the store still holds in the same round trip (a seam:
+        tests replace it to lose the acknowledgement of a commit)."""
+        store.commit()
 
     def _commit_outcome(self, xid: str, deadline: float) -> str | None:
         """Whether a transaction whose COMMIT went unanswered committed; None if unknowable.

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..politeness import MAX_STREAK_SHIFT
-from .base import Completion, FrontierError, NewURL, RequestSpec
+from .base import Completion, NewURL, RequestSpec
 from .sql import SQLStore
 from .sql_dialect import HOST_COLS, PICK_COLS, POSTGRES, READY_HOSTS, url_cols
 from .store import (
@@ -107,9 +107,13 @@ assert _READY_HOSTS_IDS.startswith("SELECT host_id, host_key, ")
 #: columns when nothing is ready. The three took three statements in three round trips; the
 #: expiry check is nearly always a no-op (one probe of ``urls_leases``), as is the flag (one
 #: of ``meta``'s key). ``OFFSET 0`` keeps the flags one row evaluated once: pulled up, both
-#: probes were copied into level 1's gate and ran twice.
+#: probes were copied into level 1's gate and ran twice. With the hosts it returns the
+#: transaction's id (which their row locks assigned anyway), so that the grant can go out
+#: with COMMIT: a commit whose acknowledgement is lost is then still looked up by its id.
 _LEASE_START = (
-    "SELECT x.expired OR x.paused, r.* FROM (SELECT EXISTS (SELECT 1 FROM urls "
+    "SELECT x.expired OR x.paused, "
+    "CASE WHEN r.host_id IS NOT NULL THEN pg_current_xact_id()::text END, r.* "
+    "FROM (SELECT EXISTS (SELECT 1 FROM urls "
     "WHERE state = 'leased' AND lease_expires_at <= %s) AS expired, "
     "EXISTS (SELECT 1 FROM meta WHERE key = 'paused' AND value = '1') AS paused OFFSET 0) AS x "
     "LEFT JOIN LATERAL ("
@@ -199,19 +203,25 @@ def _grant_sql(by_id: bool) -> str:
     """The whole grant in one statement (data-modifying CTEs, each run once and to the end
     whether read or not): the URL rows (``_GRANT_URLS``), the lease log, the hosts' tokens,
     budgets and counts, the per-state totals, and the lease call's counters, which it is
-    the last write of (``Scheduler._lease``); it returns how many URL rows moved (the
-    caller's check, I6), turns the count trigger off for this statement (``_COUNTED``
-    turns it on again) and returns the transaction's id, which ``precommit`` would read
-    with the counters. Six statements in one pipeline before (session 9), and the counters'
-    one more round trip."""
+    the last write of (``Scheduler._lease``). It checks that every URL row it was given
+    moved (I6: each was queued, so the counts it writes are exact) and fails otherwise —
+    a cast of the message to ``int``, as plain SQL has no RAISE, so that the statement can
+    go out with COMMIT, whose round trip then reports the failure and commits nothing —
+    and turns the count trigger off for this statement (``_COUNTED`` turns it on again).
+    Six statements in one pipeline before (session 9), and the counters' one more round
+    trip; then its own round trip before COMMIT's (session 10)."""
     return (
         f"WITH leased AS ({_GRANT_URLS} RETURNING 1), "
         f"logged AS ({_LEASE_LOG_BY_ID if by_id else _LEASE_LOG_BY_KEY}), "
         f"hosted AS ({_GRANT_HOSTS_BY_ID if by_id else _GRANT_HOSTS_BY_KEY}), "
         f"states AS ({_GRANT_STATES}), "
         f"bumped AS ({_ADD_COUNTERS}) "
-        "SELECT (SELECT count(*) FROM leased), set_config('idemcrawl.counted', 'on', true), "
-        "pg_current_xact_id()::text"
+        "SELECT CASE WHEN (SELECT count(*) FROM leased) = %s::bigint "
+        "THEN set_config('idemcrawl.counted', 'on', true) "
+        "ELSE CAST(format('a grant found %%s of its %%s URLs queued; its counts would be "
+        "wrong, so the transaction is rolled back', (SELECT count(*) FROM leased), %s::bigint)"
+        " AS int)"
+        "::text END"
     )
 
 
@@ -350,9 +360,8 @@ _STALE_TABLES = (
 
 class _Cursor:
     """The transaction's cursor as the store's statements see it: a statement first sends the
-    writes the store deferred (``PgStore._defer``), in the same pipeline, so they run in the
-    order they were made and cost no round trip of their own. (psycopg's BEGIN stays a
-    round trip of its own: in a pipeline it syncs right after it.)"""
+    writes the store deferred (``PgStore._defer``) and the transaction's BEGIN, in the same
+    pipeline, so they run in the order they were made and cost no round trip of their own."""
 
     __slots__ = ("_cur", "_store")
 
@@ -362,7 +371,7 @@ class _Cursor:
 
     def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
         store = self._store
-        if not store._later:
+        if not store._later and store._begin is None:
             return self._cur.execute(query, params, **kw)
         with store._pipeline():
             store._send_later()
@@ -380,13 +389,17 @@ class _Cursor:
 class PgStore(SQLStore):
     """``sql.SQLStore`` in the PostgreSQL dialect, with its set-based statements."""
 
-    def __init__(self, cur: Cursor[Any], pipelines: bool) -> None:
+    def __init__(self, cur: Cursor[Any], pipelines: bool, begin: str | None = None) -> None:
         super().__init__(_Cursor(cur, self), POSTGRES)
         self._pipelines = pipelines
         #: Writes whose results nobody reads (host state, records, events, the end of the
         #: completion's counting), sent ahead of the transaction's next statement: a commit
-        #: is then 5 round trips, not 9 (BEGIN, lock and fence, links, counters, COMMIT).
+        #: is then 3 round trips, not 9 (lock and fence, links, the counters with COMMIT).
         self._later: list[tuple[str, Sequence[Any]]] = []
+        #: The transaction's BEGIN until it is sent, ahead of the first statement in the same
+        #: round trip (the frontier's connection is in autocommit mode): psycopg's own BEGIN
+        #: is a round trip of its own. None: sent, or the caller runs the transaction.
+        self._begin = begin
         self._raw = cur
         #: host_key -> host_id of the hosts this transaction read (level 1, lock_hosts).
         self._host_id: dict[str, int] = {}
@@ -396,7 +409,9 @@ class PgStore(SQLStore):
         #: URLs level 2 picked in this transaction that have no request spec (``_HAS_SPEC``):
         #: ``requests_of`` reads none for them. Specs are written with their URL only (I11).
         self._plain: set[int] = set()
-        #: The transaction's id once the grant read it with the counters (``precommit``).
+        #: The transaction's id, once a statement that needs one anyway returned it (level 1's
+        #: row locks, the completion's fence): ``precommit`` then needs no round trip and the
+        #: last statement goes out with COMMIT (``commit``).
         self._xid: str | None = None
 
     def _pipeline(self) -> contextlib.AbstractContextManager[Any]:
@@ -413,15 +428,27 @@ class PgStore(SQLStore):
         self._later.append((query, params))
 
     def _send_later(self) -> None:
+        if self._begin is not None:
+            self._raw.execute(self._begin)
+            self._begin = None
         later, self._later = self._later, []
         for query, params in later:
             self._raw.execute(query, params)
 
     def flush(self) -> None:
-        """Send the deferred writes now (in one pipeline)."""
-        if self._later:
+        """Send the deferred writes (and BEGIN) now, in one pipeline."""
+        if self._later or self._begin is not None:
             with self._pipeline():
                 self._send_later()
+
+    def commit(self) -> None:
+        """COMMIT, with the writes still deferred in the same round trip (the grant, the
+        counters); nothing when the transaction never sent a statement."""
+        if self._begin is not None and not self._later:
+            return
+        with self._pipeline():
+            self._send_later()
+            self._raw.execute("COMMIT")
 
     def insert_urls(self, urls: Sequence[NewURL], now: float) -> int:
         """Insert-if-absent in one statement (``_INSERT_URLS``); returns how many were new.
@@ -534,8 +561,9 @@ class PgStore(SQLStore):
             return None  # a lease expired, or the crawl is paused: the steps one by one
         if rows[0][1] is None:
             return []  # no host is ready (the LEFT JOIN's row)
-        self._host_id.update((r[2], int(r[1])) for r in rows)
-        return [HostRow(*r[2:]) for r in rows]
+        self._xid = rows[0][1]
+        self._host_id.update((r[3], int(r[2])) for r in rows)
+        return [HostRow(*r[3:]) for r in rows]
 
     def ready_hosts(self, now: float, max_in_flight: int, limit: int) -> list[HostRow]:
         """Level 1 (``sql_dialect.READY_HOSTS``), keeping the ids of the hosts it read."""
@@ -592,8 +620,9 @@ class PgStore(SQLStore):
         return [known[k] for k in keys]
 
     def grant(self, grants: Sequence[Grant], owner: str, now: float, expires: float) -> None:
-        """The grant in one statement (``_grant_sql``) and the count trigger's setting back
-        in the same round trip; the counters bumped so far go with it."""
+        """The grant in one statement (``_grant_sql``) with the count trigger's setting back,
+        the counters bumped so far with it; deferred (``_defer``): a lease call's grant is
+        its last write, and goes out with COMMIT (``commit``)."""
         leases = [(g, i, ls) for g in grants for i, ls in enumerate(g.leases)]
         # Every granted host came from level 1, so normally by id (the hosts_host_id integer
         # index, not the text key's); the key spellings stay for any other caller.
@@ -606,55 +635,43 @@ class PgStore(SQLStore):
             per_lease = [h for h, g in zip(host_ids, grants, strict=True) for _ in g.leases]
         ids = [ls.url_id for _, _, ls in leases]
         names = sorted(self.bumps)
-        # Its own cursor: its row is read after the pipeline, the other statement's not.
-        granted = self._raw.connection.cursor()
-        with self._pipeline():
-            self._send_later()  # writes deferred before the grant keep their order
-            # Every granted URL is queued and locked by this transaction (level 2's picks, the
-            # robots.txt claim), so the grant moves len(g.leases) URLs of each host from
-            # queued to leased: it writes those counts with the host's token, and the count
-            # trigger skips its UPDATE of urls. ``state = 'queued'`` and the row count
-            # checked below keep the counts exact (I6) should that ever not hold.
-            granted.execute(
-                _GRANT_BY_KEY if host_ids is None else _GRANT_BY_ID,
-                (
-                    owner,
-                    expires,
-                    now,
-                    ids,
-                    [ls.token for _, _, ls in leases],
-                    ids,
-                    [float(ls.start_at or now) for _, _, ls in leases],
-                    per_lease,
-                    ids,
-                    [ls.kind for _, _, ls in leases],
-                    [float(ls.due_at) for _, _, ls in leases],
-                    [float(g.min_gap) for g, _, _ in leases],
-                    [g.allowance for g, _, _ in leases],
-                    [g.in_flight + i for g, i, _ in leases],
-                    hosts,
-                    [float(g.next_allowed_at) for g in grants],
-                    [g.budget_used for g in grants],
-                    [g.budget_day for g in grants],
-                    [len(g.leases) for g in grants],
-                    len(leases),
-                    -len(leases),
-                    names,
-                    [self.bumps[n] for n in names],
-                ),
-            )
-            self._raw.execute(_COUNTED, ("off",))
-        row = granted.fetchone()
-        granted.close()
-        assert row is not None
-        moved, _, xid = row
-        if moved != len(leases):
-            raise FrontierError(
-                f"a grant found {moved} of its {len(leases)} URLs queued; "
-                "its counts would be wrong, so the transaction is rolled back"
-            )
+        # Every granted URL is queued and locked by this transaction (level 2's picks, the
+        # robots.txt claim), so the grant moves len(g.leases) URLs of each host from queued
+        # to leased: it writes those counts with the host's token, and the count trigger
+        # skips its UPDATE of urls. ``state = 'queued'`` and the row count the statement
+        # checks keep the counts exact (I6) should that ever not hold.
+        self._defer(
+            _GRANT_BY_KEY if host_ids is None else _GRANT_BY_ID,
+            (
+                owner,
+                expires,
+                now,
+                ids,
+                [ls.token for _, _, ls in leases],
+                ids,
+                [float(ls.start_at or now) for _, _, ls in leases],
+                per_lease,
+                ids,
+                [ls.kind for _, _, ls in leases],
+                [float(ls.due_at) for _, _, ls in leases],
+                [float(g.min_gap) for g, _, _ in leases],
+                [g.allowance for g, _, _ in leases],
+                [g.in_flight + i for g, i, _ in leases],
+                hosts,
+                [float(g.next_allowed_at) for g in grants],
+                [g.budget_used for g in grants],
+                [g.budget_day for g in grants],
+                [len(g.leases) for g in grants],
+                len(leases),
+                -len(leases),
+                names,
+                [self.bumps[n] for n in names],
+                len(leases),
+                len(leases),
+            ),
+        )
+        self._defer(_COUNTED, ("off",))
         self.bumps.clear()
-        self._xid = xid
 
     def finish(self, completions: Sequence[Completion]) -> list[bool]:
         """The lease fence for the whole batch in one statement (``_send_fence``)."""
@@ -671,13 +688,22 @@ class PgStore(SQLStore):
         conn = self._raw.connection
         locked = conn.cursor() if ordered else None
         done_cur = conn.cursor()
+        xid = conn.cursor() if self._xid is None else None
         with self._pipeline():
             self._send_later()
             if locked is not None:
                 locked.execute(_LOCK_HOSTS.format(lock="FOR UPDATE"), (ordered,))
             first = self._send_fence(done_cur, completions)
+            if xid is not None:
+                # The fence writes, so the transaction has an id: read now, it lets the
+                # counters go out with COMMIT (``precommit``).
+                xid.execute("SELECT pg_current_xact_id()::text")
         rows = {} if locked is None else self._locked(locked.fetchall(), wanted)
         accepted = self._read_fence(done_cur, completions, first)
+        if xid is not None:
+            row = xid.fetchone()
+            xid.close()
+            self._xid = None if row is None else row[0]
         return rows, accepted
 
     def _send_fence(
@@ -796,13 +822,10 @@ class PgStore(SQLStore):
         server process's own ``url_states`` shard as the triggers write them. The id is None
         when the transaction wrote nothing: running it again is then harmless. The outer query
         reads the id only after its FROM has run the writes, so they have assigned one.
+
+        When an earlier statement read the id (``first_ready_hosts``, ``lock_and_finish``),
+        the statement is deferred instead: it goes out with COMMIT (``commit``).
         """
-        if self._xid is not None and not (
-            self.bumps or self._later or self._states or any(self._out_of_flight.values())
-        ):
-            # The grant wrote the counters and read the id (``grant``), and nothing else is
-            # left for this statement to write.
-            return self._xid
         parts: list[str] = []
         params: list[Any] = []
         out = sorted(k for k, n in self._out_of_flight.items() if n)
@@ -833,6 +856,14 @@ class PgStore(SQLStore):
                 "RETURNING 1)"
             )
             params += [names, [self.bumps[n] for n in names]]
+        if self._xid is not None:
+            if parts:
+                # Data-modifying CTEs run to their end whether read or not.
+                self._defer(f"WITH {', '.join(parts)} SELECT 1", params)
+            self._out_of_flight.clear()
+            self._states.clear()
+            self.bumps.clear()
+            return self._xid
         if parts:
             # Each write's count in the FROM: the id is read after all of them ran.
             tables = ", ".join(f"(SELECT count(*) FROM {p[0]}) AS n{p[0]}" for p in parts)

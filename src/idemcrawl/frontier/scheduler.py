@@ -482,14 +482,17 @@ class Scheduler(Reads):
                 if g is not None:
                     grants.append(g)
                     granted += len(g.leases)
-        # Bumped before the grant: a store may write the counters with it (PostgreSQL).
+        # Request specs are read before the grant, which is then the call's last statement
+        # (PostgreSQL sends it with COMMIT); bumped before it: the store may write the
+        # counters with it (PostgreSQL).
+        leases = with_requests(s, [ls for g in grants for ls in g.leases])
         s.bump("leases_granted", granted)
         if grants:
             s.grant(grants, owner, now, expires)
             pages = [len(g.leases) for g in grants if g.leases[0].kind != ROBOTS]
             if pages:
                 self._per_host = sum(pages) / len(pages)
-        return with_requests(s, [ls for g in grants for ls in g.leases])
+        return leases
 
     def _first_window(self, limit: int) -> int:
         """How many ready hosts level 1 reads first for a call of ``limit``: as many as the
