@@ -90,6 +90,27 @@ def test_busy_feeder_lingers_once_for_more_idle_workers(
     assert core.step(idle=1).action is Action.LEASED  # not busy: no coalescing
 
 
+def test_a_lease_call_behind_another_call_does_not_linger_and_serves_the_idle_of_its_turn(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """While a commit holds the frontier's thread, a lease call waits its turn anyway: the
+    feeder asks at once, and the call, once it runs, leases for every worker idle by then
+    (never more than those, nor past max_pages)."""
+    add_pages(frontier, clock, 30)
+    core = core_for(frontier, clock, concurrency=64, max_pages=20)
+    assert len(core.step(idle=8).leases) == 8  # busy from here on
+    assert core.plan(2).action is Action.LINGER
+    step = core.plan(2, frontier_busy=True)
+    assert step.action is Action.LEASE and step.want == 2
+    idle_then = iter([5])
+    got = core.lease(step.want, lambda: next(idle_then))
+    assert len(got.leases) == 5  # the 2 asked for and the 3 that went idle while it waited
+    core.record(got)
+    got = core.lease(1, lambda: 30)  # never past max_pages: 20 - 13 granted
+    assert len(got.leases) == 7
+    assert frontier.progress(clock.now).leased == 20
+
+
 def test_finished_only_when_nothing_is_left_anywhere(
     frontier: SQLiteFrontier, clock: FakeClock
 ) -> None:

@@ -23,13 +23,33 @@ class Call(Protocol):
     def __call__(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]: ...
 
 
-def on_thread(executor: concurrent.futures.Executor | None) -> Call:
+class OnThread:
+    """A :class:`Call` whose calls run on ``executor`` (None: the loop's default executor).
+
+    ``pending`` counts the calls submitted and not yet finished: the feeder need not wait for
+    more idle workers before a lease call that would queue behind another call anyway.
+    """
+
+    def __init__(self, executor: concurrent.futures.Executor | None) -> None:
+        self._executor = executor
+        self.pending = 0
+
+    async def __call__(self, fn: Callable[..., T], /, *args: Any) -> T:
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        finally:
+            self.pending -= 1
+
+
+def on_thread(executor: concurrent.futures.Executor | None) -> OnThread:
     """Calls run on ``executor`` (None: the loop's default executor)."""
+    return OnThread(executor)
 
-    async def call(fn: Callable[..., T], /, *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
-    return call
+def busy(call: Call) -> bool:
+    """Whether a call is running or waiting where ``call`` runs them (never, inline)."""
+    return isinstance(call, OnThread) and call.pending > 0
 
 
 async def inline(fn: Callable[..., T], /, *args: Any) -> T:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..cookies import CookieJar
 from ..frontier.base import Frontier, HostPolicy, Lease
-from .calls import Call
+from .calls import Call, busy
 from .clock import Clock, WallClock
 from .summary import CrawlSummary
 
@@ -154,8 +154,11 @@ class FeederCore:
         reason to linger)."""
         return self.in_flight > self.lease_chunk and not self.starved
 
-    def plan(self, idle: int) -> Step:
-        """The decision before any frontier call; ``idle`` = workers without a lease to start."""
+    def plan(self, idle: int, frontier_busy: bool = False) -> Step:
+        """The decision before any frontier call; ``idle`` = workers without a lease to start.
+        ``frontier_busy``: another call (a commit) holds the frontier's thread, so a lease call
+        waits its turn anyway and asks for the workers idle by then (:meth:`lease`'s
+        ``more``): lingering first would only add to the wait."""
         want = idle
         if self.max_pages is not None:
             if self.granted >= self.max_pages:
@@ -168,6 +171,7 @@ class FeederCore:
             and self.in_flight >= self.lease_chunk
             and not self._lingered
             and not self.starved
+            and not frontier_busy
         ):
             # Busy: let a few more workers become idle so that one lease transaction serves
             # them all (a lease per page made the lease path the top SQL cost).
@@ -176,9 +180,16 @@ class FeederCore:
         self._lingered = False
         return Step(Action.LEASE, want=want)
 
-    def lease(self, want: int) -> Step:
-        """The frontier half: start due recrawl rounds, lease, or find out why nothing came."""
+    def lease(self, want: int, more: Callable[[], int] | None = None) -> Step:
+        """The frontier half: start due recrawl rounds, lease, or find out why nothing came.
+        ``more``: the workers idle now, read when the call starts (they only grow while the
+        feeder waits for this call), so that a call that waited for the frontier's thread
+        serves the workers that went idle meanwhile too."""
         f = self.frontier
+        if more is not None:
+            want = max(want, more())
+            if self.max_pages is not None:
+                want = min(want, self.max_pages - self.granted)
         now = self.clock.time()
         revisits = 0
         if self.recrawl and now >= self._next_reschedule:
@@ -305,9 +316,9 @@ class Feeder:
         core = self.core
         try:
             while not self._stopped():
-                step = core.plan(self.idle - self._work.qsize())
+                step = core.plan(self.idle - self._work.qsize(), busy(self._call))
                 if step.action is Action.LEASE:
-                    step = await self._call(core.lease, step.want)
+                    step = await self._call(core.lease, step.want, self._idle_now)
                     core.record(step)
                     self._summary.revisits_started += step.revisits
                     if step.reclaimed and self._progress:
@@ -335,6 +346,11 @@ class Feeder:
         finally:
             for _ in range(self._workers):
                 self._work.put_nowait(None)
+
+    def _idle_now(self) -> int:
+        """Workers without a lease (read on the frontier's thread: a plain int, and it can
+        only grow while the loop awaits the lease call that reads it)."""
+        return self.idle - self._work.qsize()
 
     async def _wait(self, timeout: float | None) -> None:
         with contextlib.suppress(TimeoutError):
