@@ -25,12 +25,17 @@ Why it is built this way:
   ``OperationalError`` (connection dropped, server restarted, deadlock, serialisation failure)
   makes it reconnect and run the whole transaction again, with exponential back-off and jitter,
   for up to ``retry_seconds``. When a commit's acknowledgement is lost, the transaction's id
-  (fetched just before ``COMMIT``) is looked up with ``pg_xact_status`` on the new connection:
+  (read before ``COMMIT`` is sent: with level 1, the completion's fence, or just before it)
+  is looked up with ``pg_xact_status`` on the new connection:
   if it committed, its result is returned instead of running it again, so retries never
   double-count. Without that answer (the server forgot the id, or never answered in time) the
   transaction is run again; the lease fencing and the ``ON CONFLICT`` clauses make that a no-op
   for URLs, records and events, and only the counters and the returned values (``add``'s count,
   a ``complete`` reported as rejected) can then be off by that one transaction.
+* **BEGIN and COMMIT cost no round trip of their own.** The connection is in autocommit mode;
+  a transaction's BEGIN goes out with its first statement and its last writes (the grant, the
+  counters) with COMMIT, in one pipeline (``PgStore``): a lease call is 3 round trips, a
+  completion batch 3.
 * **Counters are written last, in name order, in one statement**, because every transaction
   bumps the same few rows: taking them just before ``COMMIT`` keeps the hot rows locked for the
   shortest time and in one global order.
