@@ -133,6 +133,51 @@ def test_a_busy_crawl_coalesces_commits_briefly(frontier: SQLiteFrontier, clock:
     asyncio.run(main())
 
 
+def test_a_busy_crawl_lingers_twice_as_long_as_its_last_commit_took(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """Where a commit costs more (PostgreSQL), a busy crawl waits longer for a bigger batch:
+    twice the last commit's own time, never less than COALESCE_SECONDS nor more than
+    LINGER_MAX."""
+    from idemcrawl.engine.committer import LINGER_MAX
+
+    add_pages(frontier, clock, 4)
+    leases = lease_all(frontier, clock, 4)
+    took = [0.02, 0.5, 0.0]
+
+    class SlowCommits:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(frontier, name)
+
+        def complete(self, *args: Any) -> Any:
+            clock.now += took.pop(0)  # the transaction's own time, on the frontier's thread
+            return frontier.complete(*args)
+
+    committer, _, settled = committer_for(SlowCommits(), clock, busy=True)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        task = asyncio.create_task(committer.run())
+        await committer.put(Completion(leases[0], 200, clock.now))
+        await settle()
+        assert clock.waits == [pytest.approx(COALESCE_SECONDS)]  # no commit measured yet
+        await clock.advance(COALESCE_SECONDS)
+        assert settled == [1]
+        await committer.put(Completion(leases[1], 200, clock.now))
+        await settle()
+        assert clock.waits[-1] == pytest.approx(0.04)  # 2 x 20 ms
+        await committer.put(Completion(leases[2], 200, clock.now))
+        await clock.advance(0.04)
+        assert settled == [1, 2]
+        await committer.put(Completion(leases[3], 200, clock.now))
+        await settle()
+        assert clock.waits[-1] == pytest.approx(LINGER_MAX)  # 2 x 500 ms, capped
+        await committer.close()
+        await asyncio.wait_for(task, 1)
+
+    asyncio.run(main())
+    assert settled == [1, 2, 1]
+
+
 def test_an_idle_crawl_commits_each_page_at_once(
     frontier: SQLiteFrontier, clock: FakeClock
 ) -> None:
