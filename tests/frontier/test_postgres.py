@@ -1326,6 +1326,18 @@ def test_level_one_probes_each_host_instead_of_joining_every_due_url(dsn: str, n
     assert "hosts_ready" in start and "Seq Scan on hosts" not in start, start
     # The expiry and pause probes run once, not copied into level 1's gate as well.
     assert start.count("urls_leases") == 1 and start.count("meta_pkey") == 1, start
+    # Level 2 is planned generic too (its arrays hidden from every plan, so the plan is not
+    # made again on each call), and that plan walks each host's queue index.
+    from idemcrawl.frontier.postgres_store import _PICK_URLS_BY_ID
+
+    pick = f._run(
+        lambda s: _generic_plan(
+            s, _PICK_URLS_BY_ID, [[1, 2], [8, 8], T0], ["int[]", "int[]", "float8"]
+        ),
+        write=False,
+    )
+    assert "using urls_queue on urls" in pick and "Seq Scan on urls" not in pick, pick
+    assert "InitPlan" in pick, pick
     f.close()
 
 
