@@ -2,13 +2,13 @@
 operations PostgreSQL does set-based.
 
 Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
-6 statements in 5 round trips (BEGIN, which psycopg sends in a round trip of its own; the
-expiry check, pause flag and level 1 in one statement; level 2; the grant with its counters
-in one statement and the count trigger's setting back; COMMIT) and a completion batch 11-12
-in 5 (``bench frontier``'s trace; writes whose result nobody reads go out with the next
-statement, ``PgStore._defer``), whatever their size (issue 14): URL inserts (their hosts' ids
-read once per host first, schema 6), level 2 for all planned hosts (one ``LATERAL``
-statement), the grants, the fenced completion update, host updates, record upserts and
+5 statements in 3 round trips (BEGIN with the expiry check, pause flag, level 1 and the
+transaction id in one statement; level 2; the grant with its counters and its own check in
+one statement, with COMMIT) and a completion batch 12-13 in 3 (``bench frontier``'s trace;
+BEGIN goes out with the first statement, and writes whose result nobody reads with the next
+statement or COMMIT, ``PgStore._defer``), whatever their size (issue 14): URL inserts
+(their hosts' ids read once per host first, schema 6), level 2 for all planned hosts (one
+``LATERAL`` statement), the grants, the fenced completion update, host updates, record upserts and
 events. Arrays are bound in binary. The connection, transactions and retries are
 ``postgres.py``'s.
 """
@@ -450,6 +450,10 @@ class PgStore(SQLStore):
         counters); nothing when the transaction never sent a statement."""
         if self._begin is not None and not self._later:
             return
+        while self._later and self._later[-1][0] is _COUNTED:
+            # The count trigger's setting back, last: the setting is the transaction's own
+            # and ends with it (a statement fewer for every lease call).
+            self._later.pop()
         with self._pipeline():
             self._send_later()
             self._raw.execute("COMMIT")
