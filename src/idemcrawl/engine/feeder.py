@@ -159,11 +159,9 @@ class FeederCore:
         ``frontier_busy``: another call (a commit) holds the frontier's thread, so a lease call
         waits its turn anyway and asks for the workers idle by then (:meth:`lease`'s
         ``more``): lingering first would only add to the wait."""
-        want = idle
-        if self.max_pages is not None:
-            if self.granted >= self.max_pages:
-                return Step(Action.MAX_PAGES)
-            want = min(want, self.max_pages - self.granted)
+        if self.max_pages is not None and self.granted >= self.max_pages:
+            return Step(Action.MAX_PAGES)
+        want = self._within_max_pages(idle)
         if want <= 0:
             return Step(Action.WAIT)
         if (
@@ -180,6 +178,12 @@ class FeederCore:
         self._lingered = False
         return Step(Action.LEASE, want=want)
 
+    def _within_max_pages(self, want: int) -> int:
+        """``want`` leases, no more than this run's ``max_pages`` leaves."""
+        if self.max_pages is None:
+            return want
+        return min(want, self.max_pages - self.granted)
+
     def lease(self, want: int, more: Callable[[], int] | None = None) -> Step:
         """The frontier half: start due recrawl rounds, lease, or find out why nothing came.
         ``more``: the workers idle now, read when the call starts (they only grow while the
@@ -187,9 +191,7 @@ class FeederCore:
         serves the workers that went idle meanwhile too."""
         f = self.frontier
         if more is not None:
-            want = max(want, more())
-            if self.max_pages is not None:
-                want = min(want, self.max_pages - self.granted)
+            want = self._within_max_pages(max(want, more()))
         now = self.clock.time()
         revisits = 0
         if self.recrawl and now >= self._next_reschedule:
@@ -316,7 +318,7 @@ class Feeder:
         core = self.core
         try:
             while not self._stopped():
-                step = core.plan(self.idle - self._work.qsize(), busy(self._call))
+                step = core.plan(self._idle_now(), busy(self._call))
                 if step.action is Action.LEASE:
                     step = await self._call(core.lease, step.want, self._idle_now)
                     core.record(step)

@@ -450,7 +450,7 @@ class PgStore(SQLStore):
         counters); nothing when the transaction never sent a statement."""
         if self._begin is not None and not self._later:
             return
-        while self._later and self._later[-1][0] is _COUNTED:
+        while self._later and self._later[-1][0] == _COUNTED:
             # The count trigger's setting back, last: the setting is the transaction's own
             # and ends with it (a statement fewer for every lease call).
             self._later.pop()
