@@ -184,9 +184,9 @@ _GRANT_URLS = (
     "WHERE u.url_id = ANY(%b::bigint[]) AND u.url_id = g.url_id AND u.state = g.queued"
 )
 #: Schema 9's ``urls_count_update`` does nothing while this transaction-local setting is
-#: 'on': set around the statements that count their own URLs, the completion's fenced update
-#: (``finish``) and the grant (its statement sets it itself, as the trigger fires at the
-#: statement's end, and the statement after it in the same pipeline sets it back).
+#: 'on': the statements that count their own URLs, the completion's fenced update
+#: (``finish``) and the grant, set it themselves (the trigger fires at the statement's end),
+#: and the statement after them in the same pipeline sets it back.
 _COUNTED = "SELECT set_config('idemcrawl.counted', %s, true)"
 #: The grant's per-state totals (the trigger's ``url_states`` upsert, in state order).
 _GRANT_STATES = (
@@ -280,7 +280,11 @@ _DONE_SQL = (
     + ", ".join(col for col, _ in DONE_COLUMNS)
     + ") OFFSET 0) AS c WHERE u.url_id = c.url_id AND u.state = c.leased "
     "AND u.version = c.version AND u.lease_token = c.token AND u.url_id = ANY(%b::bigint[]) "
-    "RETURNING c.url_id, c.version, c.token"
+    # The count trigger's setting and the transaction id ride on the returned rows: the
+    # statement's AFTER trigger fires once they are all computed, and its writes assigned the
+    # id (no row: nothing moved, nothing for the trigger to count, and no id yet).
+    "RETURNING c.url_id, c.version, c.token, set_config('idemcrawl.counted', 'on', true), "
+    "pg_current_xact_id()::text"
 )
 
 
@@ -696,22 +700,13 @@ class PgStore(SQLStore):
         conn = self._raw.connection
         locked = conn.cursor() if ordered else None
         done_cur = conn.cursor()
-        xid = conn.cursor() if self._xid is None else None
         with self._pipeline():
             self._send_later()
             if locked is not None:
                 locked.execute(_LOCK_HOSTS.format(lock="FOR UPDATE"), (ordered,))
             first = self._send_fence(done_cur, completions)
-            if xid is not None:
-                # The fence writes, so the transaction has an id: read now, it lets the
-                # counters go out with COMMIT (``precommit``).
-                xid.execute("SELECT pg_current_xact_id()::text")
         rows = {} if locked is None else self._locked(locked.fetchall(), wanted)
         accepted = self._read_fence(done_cur, completions, first)
-        if xid is not None:
-            row = xid.fetchone()
-            xid.close()
-            self._xid = None if row is None else row[0]
         return rows, accepted
 
     def _send_fence(
@@ -732,7 +727,6 @@ class PgStore(SQLStore):
         for i, c in enumerate(completions):
             first.setdefault((c.lease.url_id, c.lease.version, c.lease.token), i)
         fenced = [completions[i] for i in first.values()]
-        self._raw.execute(_COUNTED, ("on",))
         cur.execute(_DONE_SQL, done_params(fenced))
         # The trigger counts the transaction's later updates of urls again; this goes out
         # ahead of the next statement.
@@ -748,6 +742,10 @@ class PgStore(SQLStore):
         """Which completions the fenced update on ``cur`` accepted, counted (``_send_fence``)."""
         done = cur.fetchall()
         cur.close()
+        if done and self._xid is None:
+            # The fence wrote, so the transaction has an id: it lets the counters go out
+            # with COMMIT (``precommit``) and a lost acknowledgement be looked up.
+            self._xid = done[0][4]
         ok_keys = {(int(r[0]), int(r[1]), int(r[2])) for r in done}
         keys = [(c.lease.url_id, c.lease.version, c.lease.token) for c in completions]
         accepted = [first[key] == i and key in ok_keys for i, key in enumerate(keys)]
