@@ -31,6 +31,8 @@ BACKENDS = ["sqlite", "postgres", "memory"]
 PG_DSN = os.environ.get("IDEMCRAWL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 _SESSION_SALT = uuid.uuid4().hex
 _created_schemas: set[str] = set()
+#: Whether this process ran a PostgreSQL test (``pytest_sessionfinish`` then vacuums).
+_pg_used = False
 
 
 def in_ci() -> bool:
@@ -54,12 +56,32 @@ def _pg_problem() -> str | None:
 
 def require_postgres() -> str:
     """The test DSN; fails the test in CI, skips it elsewhere, when PostgreSQL is unusable."""
+    global _pg_used
     problem = _pg_problem()
     if problem is not None:
         if in_ci():
             pytest.fail(f"CI must run the PostgreSQL tests: {problem}", pytrace=False)
         pytest.skip(problem)
+    _pg_used = True
     return PG_DSN
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Leave the server's catalogs as a session found them: VACUUM the catalogs this
+    process's PostgreSQL tests churned (``CHURNED_CATALOGS``, see ``drop_schema``); each
+    xdist worker its own, as concurrent VACUUMs of one catalog queue. A failure is reported,
+    never a test failure: the suite's result stands."""
+    if not _pg_used:
+        return
+    import psycopg
+
+    from idemcrawl.frontier.postgres import CHURNED_CATALOGS
+
+    try:
+        with psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("VACUUM " + ", ".join(CHURNED_CATALOGS))
+    except psycopg.Error as exc:
+        print(f"\nidemcrawl tests: could not VACUUM the catalogs at {PG_DSN}: {exc}")
 
 
 def pg_schema_for(tmp_path: Path) -> str:

@@ -1676,3 +1676,29 @@ def test_a_failed_analyze_fails_no_lease_or_completion(  # type: ignore[no-untyp
     assert f.lease("w", 20, T0 + 3, 60, FAST)
     assert len(tries) == 2
     f.close()
+
+
+def test_drop_schema_can_vacuum_the_catalogs_its_ddl_churned(  # type: ignore[no-untyped-def]
+    dsn: str, new_schema, admin
+) -> None:
+    """Benchmarks drop their schema with ``vacuum=True``: the schema is gone and every
+    catalog in CHURNED_CATALOGS has been vacuumed since (a server without autovacuum keeps
+    the dead rows of every schema made and dropped)."""
+    from idemcrawl.frontier.postgres import CHURNED_CATALOGS
+
+    schema = new_schema()
+    f = _open(dsn, schema)
+    f.add(_urls("http://a", 2), T0)
+    before = admin.execute("SELECT clock_timestamp()").fetchone()[0]
+    f.drop_schema(vacuum=True)
+    f.close()
+    gone = admin.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+    assert gone.fetchone()[0] == 0
+    rows = admin.execute(
+        "SELECT relname, last_vacuum FROM pg_stat_sys_tables "
+        "WHERE schemaname = 'pg_catalog' AND relname = ANY(%s)",
+        (list(CHURNED_CATALOGS),),
+    ).fetchall()
+    assert {r[0] for r in rows} == set(CHURNED_CATALOGS)
+    stale = [name for name, at in rows if at is None or at < before]
+    assert stale == []

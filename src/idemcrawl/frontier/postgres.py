@@ -96,6 +96,13 @@ _CONNECT_DEFAULTS: dict[str, Any] = {
     "application_name": "idemcrawl",
 }
 
+#: The system catalogs that creating and dropping a crawl schema leaves dead rows in.
+CHURNED_CATALOGS = (
+    "pg_attribute", "pg_class", "pg_type", "pg_depend", "pg_index", "pg_constraint",
+    "pg_attrdef", "pg_trigger", "pg_proc", "pg_sequence", "pg_statistic", "pg_namespace",
+    "pg_description", "pg_shdepend",
+)  # fmt: skip
+
 #: A read that must see one state across its statements.
 _SNAPSHOT_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
@@ -466,9 +473,18 @@ class PostgresFrontier(Scheduler):
         )
         return [(str(t), str(r), int(b)) for t, r, b in rows]
 
-    def drop_schema(self) -> None:
-        """Delete this crawl (its whole schema); used by benchmarks and tests."""
+    def drop_schema(self, *, vacuum: bool = False) -> None:
+        """Delete this crawl (its whole schema); used by benchmarks and tests. ``vacuum``:
+        then VACUUM the system catalogs a schema's DDL leaves dead rows in
+        (``CHURNED_CATALOGS``), for a server that runs without autovacuum: after a day of
+        benchmarks it held 545,000 dead pg_attribute rows for 442 live ones, and ``bench
+        frontier`` ran 18 % slower until they were vacuumed. Catalogs the role may not
+        vacuum are skipped by the server with a warning."""
         self._run(lambda s: s.cur.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
+        if vacuum:
+            with self._lock:
+                # Autocommit connection: VACUUM cannot run inside a transaction block.
+                self._ensure_connection().execute("VACUUM " + ", ".join(CHURNED_CATALOGS))
 
     def close(self) -> None:
         with self._lock:

@@ -752,7 +752,7 @@ def _drop_schema(db: str) -> None:
     dsn, schema = split_schema(db)
     pg = PostgresFrontier(dsn, schema=schema)
     try:
-        pg.drop_schema()
+        pg.drop_schema(vacuum=True)
     finally:
         pg.close()
 

@@ -144,7 +144,7 @@ def _drop(where: _Database) -> None:
 
     pg = PostgresFrontier(where.target, schema=where.schema)
     try:
-        pg.drop_schema()
+        pg.drop_schema(vacuum=True)
     finally:
         pg.close()
 
