@@ -4,7 +4,7 @@ operations PostgreSQL does set-based.
 Every statement here carries a whole batch as array parameters (``unnest``), so a lease call is
 5 statements in 3 round trips (BEGIN with the expiry check, pause flag, level 1 and the
 transaction id in one statement; level 2; the grant with its counters and its own check in
-one statement, with COMMIT) and a completion batch 12-13 in 3 (``bench frontier``'s trace;
+one statement, with COMMIT) and a completion batch 10-11 in 3 (``bench frontier``'s trace;
 BEGIN goes out with the first statement, and writes whose result nobody reads with the next
 statement or COMMIT, ``PgStore._defer``), whatever their size (issue 14): URL inserts
 (their hosts' ids read once per host first, schema 6), level 2 for all planned hosts (one
