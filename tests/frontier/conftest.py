@@ -68,9 +68,9 @@ def require_postgres() -> str:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Leave the server's catalogs as a session found them: VACUUM the catalogs this
-    process's PostgreSQL tests churned (``CHURNED_CATALOGS``, see ``drop_schema``); each
-    xdist worker its own, as concurrent VACUUMs of one catalog queue. A failure is reported,
-    never a test failure: the suite's result stands."""
+    process's PostgreSQL tests churned (``CHURNED_CATALOGS``, as
+    ``PostgresFrontier.vacuum_catalogs`` does); each xdist worker its own, as concurrent
+    VACUUMs of one catalog queue. A failure is reported, never a test failure."""
     if not _pg_used:
         return
     import psycopg

@@ -1678,10 +1678,10 @@ def test_a_failed_analyze_fails_no_lease_or_completion(  # type: ignore[no-untyp
     f.close()
 
 
-def test_drop_schema_can_vacuum_the_catalogs_its_ddl_churned(  # type: ignore[no-untyped-def]
+def test_vacuum_catalogs_after_drop_schema_vacuums_every_churned_catalog(  # type: ignore[no-untyped-def]
     dsn: str, new_schema, admin
 ) -> None:
-    """Benchmarks drop their schema with ``vacuum=True``: the schema is gone and every
+    """Benchmarks drop their schema, then ``vacuum_catalogs``: the schema is gone and every
     catalog in CHURNED_CATALOGS has been vacuumed since (a server without autovacuum keeps
     the dead rows of every schema made and dropped)."""
     from idemcrawl.frontier.postgres import CHURNED_CATALOGS
@@ -1690,7 +1690,8 @@ def test_drop_schema_can_vacuum_the_catalogs_its_ddl_churned(  # type: ignore[no
     f = _open(dsn, schema)
     f.add(_urls("http://a", 2), T0)
     before = admin.execute("SELECT clock_timestamp()").fetchone()[0]
-    f.drop_schema(vacuum=True)
+    f.drop_schema()
+    f.vacuum_catalogs()
     f.close()
     gone = admin.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
     assert gone.fetchone()[0] == 0
@@ -1702,3 +1703,5 @@ def test_drop_schema_can_vacuum_the_catalogs_its_ddl_churned(  # type: ignore[no
     assert {r[0] for r in rows} == set(CHURNED_CATALOGS)
     stale = [name for name, at in rows if at is None or at < before]
     assert stale == []
+    with pytest.raises(FrontierError, match="closed"):
+        f.vacuum_catalogs()

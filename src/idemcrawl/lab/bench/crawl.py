@@ -752,7 +752,8 @@ def _drop_schema(db: str) -> None:
     dsn, schema = split_schema(db)
     pg = PostgresFrontier(dsn, schema=schema)
     try:
-        pg.drop_schema(vacuum=True)
+        pg.drop_schema()
+        pg.vacuum_catalogs()  # the server may run without autovacuum
     finally:
         pg.close()
 
