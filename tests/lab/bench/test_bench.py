@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
+import uuid
 from collections import deque
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
@@ -282,11 +284,39 @@ def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run(
     report = run_bench(opts)
     assert [(r.ok, r.pages, r.robots, r.items) for r in report.runs] == [(True, 10, 1, 10)] * 2
     assert len(set(used)) == 2 and all(s.startswith("bench_crawl_") for s in used), used
+    # The server is a process of this machine here: its backends' CPU is measured per run.
+    assert all(r.server_cpu_s is not None and r.server_cpu_s > 0 for r in report.runs)
     with psycopg.connect(PG_DSN) as con:
         left = con.execute(
             "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (used,)
         ).fetchall()
     assert left == [], "each run's schema is dropped after the run"
+
+
+def test_backend_sampler_counts_only_the_named_application_s_backends() -> None:
+    """A crawl's server-side CPU: the backends of its application (by ``application_name``)
+    that started after the sampler did, read until they exit."""
+    from tests.frontier.conftest import PG_DSN, require_postgres
+
+    require_postgres()
+    import psycopg
+
+    from idemcrawl.lab.bench.dbcost import BackendSampler
+
+    burn = "SELECT count(*) FROM generate_series(1, 3000000)"
+    app = f"idemcrawl-test-{uuid.uuid4().hex[:8]}"
+    sampler = BackendSampler(PG_DSN, application=app, period=0.02)
+    sampler.start()
+    with psycopg.connect(PG_DSN, application_name="someone-else") as other:
+        other.execute(burn)
+        time.sleep(0.1)
+    assert sampler.seconds is None  # nobody of ``app`` yet
+    with psycopg.connect(PG_DSN, application_name=app) as ours:
+        ours.execute(burn)
+        time.sleep(0.1)  # a sample lands after the work
+    seconds = sampler.stop()
+    assert sampler.error is None
+    assert seconds is not None and seconds > 0.05, seconds
 
 
 def _run(tool: str, rnd: int, **kw: object) -> bench.RunResult:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from idemcrawl.frontier import split_schema
 from idemcrawl.parse import Page, Record, Spider
 
 from .instructions import COUNTERS as INSTRUCTION_COUNTERS
@@ -240,6 +241,9 @@ class RunResult:
     #: CPU seconds the rest of the machine used during the run (server, sampler, anyone else);
     #: None where it cannot be measured. Large values mean the wall times are contaminated.
     other_cpu_s: float | None = None
+    #: Of that, the CPU seconds of the PostgreSQL server's backends serving the run (a crawl
+    #: with ``--db postgresql://`` on a server of this machine; None otherwise).
+    server_cpu_s: float | None = None
     #: Fingerprint of idemcrawl's source when an idemcrawl run started (see source_fingerprint).
     source: str | None = None
 
@@ -435,9 +439,12 @@ class BenchReport:
         for r in self.runs:
             status = "ok" if r.ok else f"failed: {r.error}"
             rss = _fmt(r.peak_rss_mb, 0) + ("" if r.rss_source == "tree" else " (max proc)")
+            other = _fmt(r.other_cpu_s, 1)
+            if r.server_cpu_s is not None:
+                other += f" (db {r.server_cpu_s:.1f})"
             lines.append(
                 f"| {r.round} | {r.tool} | {r.wall_s:.1f} | {r.pages_per_s:.0f} | {r.cpu_s:.1f} "
-                f"| {_fmt(r.cpu_ms_per_page, 2)} | {_fmt(r.other_cpu_s, 1)} | {rss} "
+                f"| {_fmt(r.cpu_ms_per_page, 2)} | {other} | {rss} "
                 f"| {r.processes} | {r.pages} | {r.duplicates} | {_fmt(r.items, 0)} | {status} |"
             )
         lines += [
@@ -448,7 +455,9 @@ class BenchReport:
             f"the process tree, sampled every {SAMPLE_SECONDS * 1000:.0f} ms (shared pages "
             "count once per process). Duplicates: requests beyond the first for a port+URI. "
             "Other CPU s: CPU time the rest of the machine (web server, benchmark, other "
-            f"processes) used during the run, out of {os.cpu_count()} CPUs x wall time.",
+            f"processes) used during the run, out of {os.cpu_count()} CPUs x wall time; "
+            "(db N): of it, the PostgreSQL backends serving the crawl, sampled every 50 ms "
+            "(a server of this machine only).",
         ]
         if self.instructions is not None:
             lines += ["", *self.instructions.markdown()]
@@ -579,6 +588,8 @@ class _Measured:
     stderr: str
     #: CPU seconds the whole machine was busy between the tool's start and its exit.
     machine_busy_s: float | None = None
+    #: CPU seconds of the PostgreSQL backends serving the tool (``dbcost.BackendSampler``).
+    server_cpu_s: float | None = None
 
     @property
     def other_cpu_s(self) -> float | None:
@@ -589,8 +600,11 @@ class _Measured:
         return max(0.0, self.machine_busy_s - self.user_s - self.sys_s)
 
 
-def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Measured:
-    """Run ``cmd`` under the launcher and sample its tree; outputs go to files in ``workdir``."""
+def measure(
+    cmd: Sequence[str], workdir: Path, name: str, timeout: float, server: str | None = None
+) -> _Measured:
+    """Run ``cmd`` under the launcher and sample its tree; outputs go to files in ``workdir``.
+    ``server``: the PostgreSQL server (a DSN) whose backends serving the tool are sampled too."""
     out_json = workdir / f"{name}.rusage.json"
     out_path, err_path = workdir / f"{name}.stdout", workdir / f"{name}.stderr"
     launcher = [
@@ -617,6 +631,12 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
         )
         sampler = _TreeSampler(lp.pid)
         sampler.start()
+        backends = None
+        if server is not None:
+            from . import dbcost
+
+            backends = dbcost.BackendSampler(server)
+            backends.start()
         try:
             lp.wait(timeout + 60)
         except subprocess.TimeoutExpired:
@@ -624,6 +644,7 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
             lp.wait()
         finally:
             sampler.stop()
+            server_cpu_s = backends.stop() if backends is not None else None
     stdout = out_path.read_text(errors="replace")
     stderr = err_path.read_text(errors="replace")
     try:
@@ -646,6 +667,7 @@ def measure(cmd: Sequence[str], workdir: Path, name: str, timeout: float) -> _Me
         stdout=stdout,
         stderr=stderr,
         machine_busy_s=data.get("machine_busy_s"),
+        server_cpu_s=server_cpu_s,
     )
 
 
@@ -746,7 +768,6 @@ def _with_schema(dsn: str, schema: str) -> str:
 
 def _drop_schema(db: str) -> None:
     """Remove a run's PostgreSQL schema; a failure is reported, not fatal."""
-    from idemcrawl.frontier import split_schema
     from idemcrawl.frontier.postgres import PostgresFrontier
 
     dsn, schema = split_schema(db)
@@ -911,7 +932,8 @@ def _timed_rounds(
                 cmd = tool_command(tool, site.seeds, opts, db, items_out)
                 source = source_fingerprint(sources)
                 site.reset_log()
-                m = measure(cmd, scratch, run_id, opts.timeout)
+                server = split_schema(db)[0] if _is_dsn(db) else None
+                m = measure(cmd, scratch, run_id, opts.timeout, server)
                 stats = site.log_stats()
                 if _is_dsn(db):
                     try:
@@ -943,6 +965,7 @@ def _timed_rounds(
                     items=_items(tool, m.stdout),
                     exit_code=m.exit_code,
                     other_cpu_s=m.other_cpu_s,
+                    server_cpu_s=m.server_cpu_s,
                     source=source if tool == "idemcrawl" else None,
                 )
                 report.runs.append(result)
@@ -950,7 +973,13 @@ def _timed_rounds(
                 say(
                     f"round {rnd}/{opts.runs} {tool}: {result.pages} pages in "
                     f"{result.wall_s:.1f} s ({result.pages_per_s:.0f}/s), CPU "
-                    f"{result.cpu_s:.1f} s (rest of machine {_fmt(result.other_cpu_s, 1)} s), "
+                    f"{result.cpu_s:.1f} s (rest of machine {_fmt(result.other_cpu_s, 1)} s"
+                    + (
+                        ""
+                        if result.server_cpu_s is None
+                        else f", of it PostgreSQL's backends {result.server_cpu_s:.1f} s"
+                    )
+                    + "), "
                     f"peak RSS {rss} MB, {result.duplicates} duplicates"
                     + ("" if result.ok else f" - FAILED: {error}")
                 )

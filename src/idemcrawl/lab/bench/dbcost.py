@@ -45,6 +45,8 @@ import contextlib
 import os
 import sqlite3
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,6 +54,7 @@ from typing import Any
 
 __all__ = [
     "CPU_SOURCE",
+    "BackendSampler",
     "ServerProcesses",
     "WireCount",
     "count_pg_wire",
@@ -178,6 +181,75 @@ class ServerProcesses:
 
     def close(self) -> None:
         self._conn.close()
+
+
+class BackendSampler(threading.Thread):
+    """The CPU time of the server processes that serve one application's connections
+    (``application_name``, idemcrawl's by default) while a crawl runs in another process: the
+    PostgreSQL side of a crawl's cost, which a measure of the crawl's process tree cannot see
+    and "the rest of the machine" lumps with the web server.
+
+    Every ``period`` seconds it lists the application's backends that started after it did and
+    reads their CPU time; a backend's last reading before it exits is what counts, so up to one
+    period of each backend's work is missed (a lower bound). Backends that are not processes of
+    this machine (another host, another PID namespace: the check of ``ServerProcesses``) are
+    not counted; ``seconds`` is None when none was.
+    """
+
+    def __init__(self, dsn: str, application: str = "idemcrawl", period: float = 0.05) -> None:
+        super().__init__(daemon=True, name="idemcrawl-bench-backends")
+        self._dsn = dsn
+        self._application = application
+        self._period = period
+        self._stop_event = threading.Event()
+        self._since = time.time()
+        #: pid -> the last CPU ns read (local backends only); pid -> whether it is local.
+        self._cpu: dict[int, int] = {}
+        self._local: dict[int, bool] = {}
+        self.error: str | None = None
+
+    def run(self) -> None:
+        import psycopg
+
+        try:
+            watch = ServerProcesses(self._dsn, None)
+        except psycopg.Error as exc:
+            self.error = str(exc)
+            return
+        try:
+            while True:
+                self._sample(watch)
+                if self._stop_event.wait(self._period):
+                    self._sample(watch)
+                    return
+        except psycopg.Error as exc:
+            self.error = str(exc)
+        finally:
+            watch.close()
+
+    def _sample(self, watch: ServerProcesses) -> None:
+        rows = watch._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+            "AND backend_start >= to_timestamp(%s)",
+            (self._application, self._since - 1.0),
+        ).fetchall()
+        for (pid,) in rows:
+            if pid not in self._local:
+                self._local[pid] = watch._is_local(pid)
+            if self._local[pid]:
+                ns = cpu_ns(pid)
+                if ns is not None:
+                    self._cpu[pid] = max(ns, self._cpu.get(pid, 0))
+
+    def stop(self) -> float | None:
+        """Stop sampling; the backends' CPU seconds (None: none of them was seen here)."""
+        self._stop_event.set()
+        self.join(5.0)
+        return self.seconds
+
+    @property
+    def seconds(self) -> float | None:
+        return sum(self._cpu.values()) / 1e9 if self._cpu else None
 
 
 def cpu_delta_ns(before: dict[int, int], after: dict[int, int]) -> int:
