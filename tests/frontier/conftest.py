@@ -75,11 +75,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     import psycopg
 
-    from idemcrawl.frontier.postgres import CHURNED_CATALOGS
+    from idemcrawl.frontier.postgres import VACUUM_CATALOGS
 
     try:
         with psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("VACUUM " + ", ".join(CHURNED_CATALOGS))
+            conn.execute(VACUUM_CATALOGS)
     except psycopg.Error as exc:
         print(f"\nidemcrawl tests: could not VACUUM the catalogs at {PG_DSN}: {exc}")
 

@@ -102,6 +102,8 @@ CHURNED_CATALOGS = (
     "pg_attrdef", "pg_trigger", "pg_proc", "pg_sequence", "pg_statistic", "pg_namespace",
     "pg_description", "pg_shdepend",
 )  # fmt: skip
+#: Their VACUUM (outside a transaction block: the connection must be in autocommit mode).
+VACUUM_CATALOGS = "VACUUM " + ", ".join(CHURNED_CATALOGS)
 
 #: A read that must see one state across its statements.
 _SNAPSHOT_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
@@ -487,8 +489,7 @@ class PostgresFrontier(Scheduler):
             if self._closed:
                 raise FrontierError("the PostgreSQL frontier is closed")
             try:
-                # Autocommit connection: VACUUM cannot run inside a transaction block.
-                self._ensure_connection().execute("VACUUM " + ", ".join(CHURNED_CATALOGS))
+                self._ensure_connection().execute(VACUUM_CATALOGS)  # autocommit connection
             except psycopg.Error as exc:
                 raise FrontierError(f"PostgreSQL error: VACUUM of the catalogs: {exc}") from exc
 

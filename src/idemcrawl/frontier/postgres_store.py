@@ -862,13 +862,14 @@ class PgStore(SQLStore):
                 "RETURNING 1)"
             )
             params += [names, [self.bumps[n] for n in names]]
+        # All of it is in ``params`` now, written once by the statement below.
+        self._out_of_flight.clear()
+        self._states.clear()
+        self.bumps.clear()
         if self._xid is not None:
             if parts:
                 # Data-modifying CTEs run to their end whether read or not.
                 self._defer(f"WITH {', '.join(parts)} SELECT 1", params)
-            self._out_of_flight.clear()
-            self._states.clear()
-            self.bumps.clear()
             return self._xid
         if parts:
             # Each write's count in the FROM: the id is read after all of them ran.
@@ -880,6 +881,4 @@ class PgStore(SQLStore):
             ).fetchone()
         else:
             row = self.cur.execute("SELECT pg_current_xact_id_if_assigned()::text").fetchone()
-        self._out_of_flight.clear()
-        self._states.clear()
         return None if row is None else row[0]

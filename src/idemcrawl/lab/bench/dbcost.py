@@ -137,10 +137,11 @@ class ServerProcesses:
         import psycopg
 
         self._conn = psycopg.connect(dsn, autocommit=True, application_name="idemcrawl-bench")
-        self.local = backend_pid is not None and self._is_local(backend_pid)
+        self.local = backend_pid is not None and self.is_local(backend_pid)
         self.postmaster = _parent(backend_pid) if self.local and backend_pid is not None else None
 
-    def _is_local(self, pid: int) -> bool:
+    def is_local(self, pid: int) -> bool:
+        """Whether backend ``pid`` is a process of this machine (see the module doc)."""
         row = self._conn.execute(
             "SELECT backend_start FROM pg_stat_activity WHERE pid = %s", (pid,)
         ).fetchone()
@@ -156,6 +157,16 @@ class ServerProcesses:
             and started is not None
             and abs(started - row[0].timestamp()) < 2.0
         )
+
+    def backends_of(self, application: str, since: float) -> list[int]:
+        """The pids of the backends whose ``application_name`` is ``application`` that started
+        at ``since`` (Unix time) or later."""
+        rows = self._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+            "AND backend_start >= to_timestamp(%s)",
+            (application, since),
+        ).fetchall()
+        return [int(pid) for (pid,) in rows]
 
     def auxiliary(self) -> dict[int, str]:
         """pid -> kind of every server process that is not a client backend (and the
@@ -228,14 +239,9 @@ class BackendSampler(threading.Thread):
             watch.close()
 
     def _sample(self, watch: ServerProcesses) -> None:
-        rows = watch._conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
-            "AND backend_start >= to_timestamp(%s)",
-            (self._application, self._since - 1.0),
-        ).fetchall()
-        for (pid,) in rows:
+        for pid in watch.backends_of(self._application, self._since - 1.0):
             if pid not in self._local:
-                self._local[pid] = watch._is_local(pid)
+                self._local[pid] = watch.is_local(pid)
             if self._local[pid]:
                 ns = cpu_ns(pid)
                 if ns is not None:
