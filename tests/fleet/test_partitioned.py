@@ -94,6 +94,22 @@ def test_links_cross_partitions_through_the_outbox(new_crawl: NewCrawl) -> None:
     assert f.progress(3.0).queued == 3
 
 
+def test_the_paced_bound_is_the_whole_call_s_across_partitions(new_crawl: NewCrawl) -> None:
+    """``lease(paced=1)`` over hosts with a delay in two partitions grants one lease in all,
+    not one per partition; hosts without a delay are not bounded."""
+    pmap, f = new_crawl(partitions=2)
+    by_p = hosts_in(pmap, 2)
+    slow = [by_p[0][0], by_p[1][0]]
+    fast = by_p[1][1]
+    for h in slow:
+        f.set_host_overrides(h, delay=1.0, max_in_flight=None)
+    f.add([NewURL(f"{h}/{i}", h) for h in [*slow, fast] for i in range(3)], 0.0)
+    leases = f.lease("m1", 10, 1.0, 30, POLICY, paced=1)
+    paced = [ls for ls in leases if ls.paced]
+    assert len(paced) == 1 and paced[0].host_key in slow
+    assert sorted(ls.url for ls in leases if not ls.paced) == [f"{fast}/{i}" for i in range(3)]
+
+
 def test_a_repeated_forward_changes_nothing(new_crawl: NewCrawl) -> None:
     """A forwarder killed after delivering but before deleting delivers the same rows again."""
     pmap, f = new_crawl(partitions=4)

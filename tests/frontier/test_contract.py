@@ -152,6 +152,36 @@ def test_delay_spaces_starts_even_with_free_slots(frontier: Frontier) -> None:
     assert len(frontier.lease("w", 10, T0 + 2.0, 30, policy)) == 1
 
 
+def test_paced_bounds_only_the_leases_of_hosts_spaced_by_a_gap(frontier: Frontier) -> None:
+    """``lease(paced=k)``: at most k leases of hosts with a gap between starts (marked
+    ``paced``, for a crawler's waiting workers), any number of the others (which may wait in
+    a crawler's hands): a host with a delay is left ready, not skipped for good."""
+    policy = HostPolicy(max_in_flight=4, delay=0.0)
+    frontier.set_host_overrides("http://slow", delay=1.0, max_in_flight=None)
+    frontier.add(urls("http://slow", 5) + urls("http://fast", 10), T0)
+    ahead = frontier.lease("w", 10, T0, 30, policy, paced=0)
+    assert [ls.host_key for ls in ahead] == ["http://fast"] * 4
+    assert not any(ls.paced for ls in ahead)
+    (slow,) = frontier.lease("w", 10, T0, 30, policy, paced=1)
+    assert slow.host_key == "http://slow" and slow.paced
+    # Without the bound: as ever, the delay gives one start per grant.
+    assert frontier.lease("w", 10, T0 + 0.5, 30, policy) == []
+    (again,) = frontier.lease("w", 10, T0 + 1.0, 30, policy)
+    assert again.host_key == "http://slow" and again.paced
+
+
+def test_a_robots_lease_is_paced_when_its_host_has_a_delay(frontier: Frontier) -> None:
+    from idemcrawl.robots import RobotsCache, RobotsSettings
+
+    policy = HostPolicy(max_in_flight=4, delay=0.0, robots=RobotsCache(RobotsSettings()))
+    frontier.set_host_overrides("http://r", delay=1.0, max_in_flight=None)
+    frontier.add(urls("http://r", 3) + urls("http://q", 3), T0)
+    (free,) = frontier.lease("w", 10, T0, 30, policy, paced=0)
+    assert (free.kind, free.host_key, free.paced) == ("robots", "http://q", False)
+    (spaced,) = frontier.lease("w", 10, T0, 30, policy, paced=1)
+    assert (spaced.kind, spaced.host_key, spaced.paced) == ("robots", "http://r", True)
+
+
 def test_hosts_are_scheduled_independently(frontier: Frontier) -> None:
     frontier.add(urls("http://a", 50) + urls("http://b", 1) + urls("http://c", 1), T0)
     hosts = {lease.host_key for lease in frontier.lease("w", 10, T0, 30, POLITE)}

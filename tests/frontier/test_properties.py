@@ -163,17 +163,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.n_urls += n
         assert self.f.add(urls, self.now) == n
 
-    @rule(target=leases, n=st.integers(1, 6), dt=time_steps)
-    def lease(self, n: int, dt: float) -> Any:
+    @rule(
+        target=leases,
+        n=st.integers(1, 6),
+        dt=time_steps,
+        paced=st.one_of(st.none(), st.integers(0, 3)),
+    )
+    def lease(self, n: int, dt: float, paced: int | None) -> Any:
         self.now += dt
         self._reclaim()
         allow_before = {h: self._allowance(h) for h in HOSTS}
         live_before = Counter(ls.host_key for ls in self.model.live.values())
-        got = self.f.lease("w", n, self.now, LEASE_SECONDS, self.policy)
+        got = self.f.lease("w", n, self.now, LEASE_SECONDS, self.policy, paced=paced)
         assert len(got) <= n
+        # A crawler's waiting workers bound the leases whose start is spaced by a gap.
+        assert paced is None or sum(ls.paced for ls in got) <= paced
         per_host = Counter(ls.host_key for ls in got)
         for ls in got:
             assert ls.kind == PAGE
+            assert ls.paced == (self.model.hosts[ls.host_key].delay > 0), ls
             # A URL is never leased twice at once (I3/I6).
             assert ls.url_id not in self.model.live, f"{ls.url} leased twice"
             self.model.live[ls.url_id] = ls

@@ -324,6 +324,7 @@ class PartitionedFrontier:
         lease_seconds: float,
         policy: HostPolicy,
         fence: Fence | None = None,
+        paced: int | None = None,
     ) -> list[Lease]:
         if fence is not None:
             raise FrontierError(
@@ -347,10 +348,12 @@ class PartitionedFrontier:
             if f is None:
                 continue
             part, n = self.parts[p], limit - len(out)
+            # The paced bound is the call's: each partition may use what the others left.
+            left = None if paced is None else paced - sum(x.paced for x in out)
             try:
                 got = self.quick(
                     part,
-                    lambda: part.lease(owner, n, now, lease_seconds, policy, f),  # noqa: B023
+                    lambda: part.lease(owner, n, now, lease_seconds, policy, f, left),  # noqa: B023
                 )
             except StaleEpoch as exc:
                 m.drop(p, str(exc))

@@ -36,7 +36,9 @@ I6  A host's ``in_flight`` equals the number of its URLs in state ``leased``. Gr
     When a host's only spacing is the latency-adaptive gap (no configured delay or
     Crawl-delay, so I8 asks nothing), one grant may give it several leases with promised starts
     ``start_at`` one gap apart, at most ``scheduler.SCHEDULE_AHEAD`` ahead; a request never starts
-    before its ``start_at``, and the lease log records those starts.                        (R6)
+    before its ``start_at``, and the lease log records those starts. A lease of a host spaced by
+    any gap is ``paced`` (its request must start as granted); ``lease(paced=k)`` grants at most
+    k of those, so a crawler keeps in hand only leases whose start may wait.               (R6)
 I7  An expired lease returns its URL to ``queued`` and its slot to the host; nothing needs to
     notice the crash that caused it.                                                       (R4)
 I8  Completion/failure also push ``next_allowed_at`` to at least ``now + delay`` so the gap between
@@ -295,6 +297,11 @@ class Lease:
     start_at: float = 0.0
     #: The request's method, headers, body, callback and context (None: a plain GET).
     request: RequestSpec | None = None
+    #: The grant spaced this start from the host's previous one (a delay, Crawl-delay or
+    #: adaptive gap: I6): the request must start when it was granted (or at ``start_at``),
+    #: so it goes to a worker that is waiting, never into a crawler's buffer of leases taken
+    #: ahead (``lease(paced=...)``). False: the host only limits how many are in flight.
+    paced: bool = False
 
     @property
     def fetch_url(self) -> str:
@@ -492,8 +499,14 @@ class SchedulingCore(Protocol):
         lease_seconds: float,
         policy: HostPolicy,
         fence: Fence | None = None,
+        paced: int | None = None,
     ) -> list[Lease]:
         """Expire stale leases, then grant up to ``limit`` leases on ready hosts (I6, I10).
+
+        ``paced``: at most this many of them may be :attr:`Lease.paced` (None: no bound). A
+        crawler that takes leases ahead of its workers asks for its waiting workers' number
+        here: a host spaced by a gap then gives leases only for requests that start now, and
+        the rest of the call comes from hosts that only limit what is in flight.
 
         With a ``fence``, the grant first checks in the same transaction that the fence's epoch
         is still the partition's current one and its ownership lease unexpired, and raises

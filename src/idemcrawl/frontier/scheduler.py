@@ -213,6 +213,7 @@ def lease_from_row(
     expires: float,
     kind: str,
     start_at: float = 0.0,
+    paced: bool = False,
 ) -> Lease:
     """The lease of one picked row (``store.PICK_COLUMNS``), built as ``_LeaseSlots`` says."""
     ls: Any = _LeaseSlots()
@@ -226,6 +227,7 @@ def lease_from_row(
     ls.hops = hops or 0
     ls.start_at = start_at
     ls.request = None
+    ls.paced = paced
     ls.__class__ = Lease
     return ls  # type: ignore[no-any-return]
 
@@ -426,12 +428,13 @@ class Scheduler(Reads):
         lease_seconds: float,
         policy: HostPolicy,
         fence: Fence | None = None,
+        paced: int | None = None,
     ) -> list[Lease]:
         if limit <= 0:
             return []
         self._keep_statistics()
         return self._run(
-            lambda s: self._lease(s, owner, limit, now, now + lease_seconds, policy, fence)
+            lambda s: self._lease(s, owner, limit, now, now + lease_seconds, policy, fence, paced)
         )
 
     def _lease(
@@ -443,9 +446,11 @@ class Scheduler(Reads):
         expires: float,
         policy: HostPolicy,
         fence: Fence | None,
+        paced_limit: int | None = None,
     ) -> list[Lease]:
         if fence is not None:
             self._check_fence(s, fence, owner, now)
+        paced = limit if paced_limit is None else max(0, paced_limit)
         # Level 1's first window with the checks before it, where the store reads them in one
         # statement (PostgreSQL); else, or when a lease expired or the crawl is paused, the
         # steps one by one: expire, the pause flag, then level 1.
@@ -464,14 +469,16 @@ class Scheduler(Reads):
             plans: list[_Plan] = []
             room = limit - granted
             for h in ready:
-                plan = self._plan_host(s, h, owner, room, now, day, expires, policy)
+                plan = self._plan_host(s, h, owner, room, paced, now, day, expires, policy)
                 if isinstance(plan, Grant):  # its robots.txt
                     grants.append(plan)
                     granted += 1
                     room -= 1
+                    paced -= plan.leases[0].paced
                 elif plan is not None:
                     plans.append(plan)
                     room -= plan.take
+                    paced -= plan.take if plan.delay > 0 else 0
                 if room <= 0:
                     break
             if not plans:
@@ -541,13 +548,16 @@ class Scheduler(Reads):
         h: HostRow,
         owner: str,
         room: int,
+        paced: int,
         now: float,
         day: str,
         expires: float,
         policy: HostPolicy,
     ) -> _Plan | Grant | None:
         """Level 2 for one ready host: its robots.txt first (granted at once), else how many
-        of its URLs to take, if any."""
+        of its URLs to take, if any. ``paced``: how many more leases of hosts spaced by a gap
+        the call may grant (``lease(paced=...)``); a host that needs one beyond them is left
+        as it is, ready for the next call."""
         configured = h.delay if h.delay is not None else policy.delay
         max_in_flight = h.max_in_flight if h.max_in_flight is not None else policy.max_in_flight
         state: RobotsState | None = None
@@ -556,6 +566,8 @@ class Scheduler(Reads):
             cap = policy.robots.settings.crawl_delay_cap
             state = state_from_row(h._asdict())
             if needs_fetch(state, now):
+                if configured > 0 and paced <= 0:
+                    return None
                 return self._lease_robots(s, h, owner, now, day, expires, configured, policy)
             assert state is not None
             reason = defer_reason(state, h.robots_failures, policy)
@@ -580,6 +592,8 @@ class Scheduler(Reads):
             fixed = effective_delay(configured, crawl_delay, cap, None, policy)
             starts = 1 + int(SCHEDULE_AHEAD / delay) if fixed == 0 else 1
         take = int(min(room, allow - h.in_flight, starts, left))
+        if delay > 0:
+            take = min(take, paced)
         if take <= 0:
             return None
         check = policy.robots is not None and not policy.robots.allows_every_url(h.host_key, state)
@@ -683,6 +697,7 @@ class Scheduler(Reads):
                 expires,
                 kind,
                 now + i * delay if i else 0.0,
+                delay > 0,
             )
             for i, r in enumerate(rows)
         ]
