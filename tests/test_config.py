@@ -117,6 +117,7 @@ def test_no_config_file_flags_only(tmp_path: Path) -> None:
         ({"db": "DB", "concurrency": 0, "seeds": [SEED]}, FlagLists(), "--concurrency must"),
         ({"db": "DB", "fast_latency": -1, "seeds": [SEED]}, FlagLists(), "--fast-latency must"),
         ({"db": "DB", "warc_level": 10, "seeds": [SEED]}, FlagLists(), "--warc-level must"),
+        ({"db": "DB", "lease_ahead": -1, "seeds": [SEED]}, FlagLists(), "--lease-ahead must"),
         ({"db": "DB", "speed": 3}, FlagLists(), "unknown setting(s): speed"),
     ],
 )
@@ -129,6 +130,15 @@ def test_errors_are_one_line_and_name_the_flag(
         layered_config(None, given, lists)
     message = str(exc.value)
     assert needle in message and "\n" not in message, message
+
+
+def test_leases_ahead_default_to_half_the_workers(tmp_path: Path) -> None:
+    db = str(tmp_path / "c.db")
+    assert layered_config(None, {"db": db, "seeds": [SEED], "concurrency": 64}).leases_ahead() == 32
+    off = layered_config(None, {"db": db, "seeds": [SEED], "lease_ahead": 0})
+    assert off.leases_ahead() == 0
+    path = _toml(tmp_path, f'db = "{db}"\nseeds = ["{SEED}"]\nlease_ahead = 5\n')
+    assert layered_config(path, {}).leases_ahead() == 5
 
 
 def test_resume_needs_an_existing_database(tmp_path: Path) -> None:

@@ -42,6 +42,10 @@ class CrawlConfig:
     delay: float = 1.0
     #: A lease must outlive a whole fetch + parse; expiry is only for crashed owners.
     lease_seconds: float = 120.0
+    #: Leases kept in hand beyond the workers waiting for one (``engine/feeder.py``), only
+    #: from hosts that space no starts; None: half of ``concurrency``; 0: lease only for
+    #: waiting workers.
+    lease_ahead: int | None = None
     #: host: same host_key as a seed; domain: same registrable-ish domain; any: everything.
     scope: str = "host"
     allow_private: tuple[IPNetwork, ...] = ()
@@ -153,6 +157,8 @@ class CrawlConfig:
             problems.append("--delay must be >= 0")
         if self.lease_seconds <= 0:
             problems.append("--lease-seconds must be > 0")
+        if self.lease_ahead is not None and not 0 <= self.lease_ahead <= 100_000:
+            problems.append("--lease-ahead must be between 0 and 100000")
         if self.scope not in ("host", "domain", "any"):
             problems.append("--scope must be host, domain or any")
         if self.max_pages is not None and self.max_pages < 1:
@@ -247,6 +253,11 @@ class CrawlConfig:
             pins=self.pins,
         )
 
+    def leases_ahead(self) -> int:
+        """``lease_ahead`` with its default resolved: half the workers, so that a refill (when
+        half of it is gone) is a call for about a quarter of them, not one per idle worker."""
+        return self.concurrency // 2 if self.lease_ahead is None else self.lease_ahead
+
     def warc_directory(self) -> str:
         """Where WARC files go: ``warc_dir``, else ``<db>.warc`` next to an SQLite file."""
         if self.warc_dir:
@@ -291,6 +302,7 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "host_concurrency": (int,),
     "delay": (int, float),
     "lease_seconds": (int, float),
+    "lease_ahead": (int,),
     "scope": (str,),
     "allow_private": (list,),
     "max_pages": (int,),

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from idemcrawl.engine import (
+    AHEAD_RETRY,
     COALESCE_SECONDS,
     Action,
     CrawlSummary,
@@ -109,6 +110,92 @@ def test_a_lease_call_behind_another_call_does_not_linger_and_serves_the_idle_of
     got = core.lease(1, lambda: 30)  # never past max_pages: 20 - 13 granted
     assert len(got.leases) == 7
     assert frontier.progress(clock.now).leased == 20
+
+
+class _Asked:
+    """A frontier that records each lease call's limit and paced bound."""
+
+    def __init__(self, inner: SQLiteFrontier) -> None:
+        self.inner = inner
+        self.asked: list[tuple[int, int | None]] = []
+
+    def lease(self, owner: str, limit: int, *args: Any, paced: int | None = None) -> Any:
+        self.asked.append((limit, paced))
+        return self.inner.lease(owner, limit, *args, paced=paced)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_ahead_keeps_leases_in_hand_and_refills_half_at_a_time(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """With ``ahead``, a call serves the waiting workers and ``ahead`` more, paced leases only
+    for the waiting ones; with leases in hand (``idle`` negative) the feeder asks again only
+    when half of what it keeps ahead is gone, and then for no waiting worker at all."""
+    add_pages(frontier, clock, 100)
+    asked = _Asked(frontier)
+    core = core_for(asked, clock, ahead=8)
+    step = core.step(idle=2)
+    assert step.action is Action.LEASED and len(step.leases) == 10
+    assert asked.asked == [(10, 2)]
+    # Two workers took theirs; 8 in hand, then 3 of those taken: 5 left, no call.
+    assert core.step(idle=-8).action is Action.WAIT
+    assert core.step(idle=-5).action is Action.WAIT
+    step = core.step(idle=-4)
+    assert step.action is Action.LEASED and len(step.leases) == 4
+    assert asked.asked[-1] == (4, 0)
+    assert core.in_flight == 14 and not core.starved
+
+
+def test_ahead_pauses_while_the_hosts_cannot_give_more(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """A call ahead that got less than it asked for (here: the queue ran short) turns asking
+    ahead off for AHEAD_RETRY seconds: the calls meanwhile are the plain ones, for waiting
+    workers, and with leases still in hand there are none."""
+    add_pages(frontier, clock, 5)
+    asked = _Asked(frontier)
+    core = core_for(asked, clock, ahead=8)
+    step = core.step(idle=2)
+    assert len(step.leases) == 5 and not core.starved  # both waiting workers served
+    assert core.step(idle=-3).action is Action.WAIT
+    assert asked.asked == [(10, 2)]
+    add_pages(frontier, clock, 20, host="http://other.test")
+    assert core.step(idle=1).action is Action.LINGER  # the plain feeder's coalescing
+    step = core.step(idle=1)
+    assert len(step.leases) == 1 and asked.asked[-1] == (1, None)  # a plain call
+    clock.now += AHEAD_RETRY
+    step = core.step(idle=-2)
+    assert step.action is Action.LEASED and asked.asked[-1] == (6, 0)
+
+
+def test_paced_leases_go_to_the_waiting_workers_first(
+    frontier: SQLiteFrontier, clock: FakeClock
+) -> None:
+    """A call ahead returns a host's paced lease after other hosts' leases; the feeder hands
+    it out first, so the worker that waits for it starts it at once, as its grant spaced it."""
+    fast, slow = "http://a.test", "http://b.test"
+    add_pages(frontier, clock, 3, host=fast)
+    add_pages(frontier, clock, 6, host=slow)
+    frontier.set_host_overrides(slow, delay=1.0, max_in_flight=None)
+    order = [ls.paced for ls in frontier.lease("x", 5, clock.now, 60, FREE, paced=1)]
+    assert order == [False, False, False, True]  # the frontier's own order puts it last
+    frontier.release_owner("x")
+    clock.now += 1.0
+    core = core_for(frontier, clock, ahead=4)
+    feeder, stops = feeder_for(core, clock)
+
+    async def main() -> Lease | None:
+        task = asyncio.create_task(feeder.run())
+        first = await feeder.next_lease()
+        stops.append("test")
+        feeder.wake()
+        await asyncio.wait_for(task, 1)
+        return first
+
+    first = asyncio.run(main())
+    assert first is not None and first.paced and first.host_key == slow
 
 
 def test_finished_only_when_nothing_is_left_anywhere(

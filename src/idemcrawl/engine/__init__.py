@@ -31,7 +31,15 @@ from .calls import Call, inline, on_thread
 from .clock import Clock, SystemClock, WallClock
 from .committer import Committer
 from .engine import Engine, fetch_settings, warc_prefix
-from .feeder import COALESCE_SECONDS, Action, Feeder, FeederCore, Step, idle_timeout
+from .feeder import (
+    AHEAD_RETRY,
+    COALESCE_SECONDS,
+    Action,
+    Feeder,
+    FeederCore,
+    Step,
+    idle_timeout,
+)
 from .pipeline import (
     MAX_ROBOTS_REDIRECTS,
     PageFetcher,
@@ -44,6 +52,7 @@ from .runner import loop_factory, run_crawl
 from .summary import CrawlSummary, Outcome
 
 __all__ = [
+    "AHEAD_RETRY",
     "COALESCE_SECONDS",
     "MAX_ROBOTS_REDIRECTS",
     "RECENT_BODIES",

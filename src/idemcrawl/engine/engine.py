@@ -215,6 +215,7 @@ class Engine:
             recrawl=cfg.recrawl,
             reclaim=partial(reclaim_dead_owners, frontier, identity, owner),
             cookies=jar,
+            ahead=cfg.leases_ahead(),
         )
         feeder = self._feeder = Feeder(
             core,
