@@ -73,3 +73,30 @@ def test_sigkill_and_restart_with_other_concurrency(tmp_path: Path) -> None:
     repeated = sum(n - 1 for n in paths.values())
     assert len(paths) == 1 + 6 + 60  # robots.txt, listings, products
     assert repeated <= in_flight, (repeated, in_flight)
+
+
+@pytest.mark.slow
+def test_sigkill_with_leases_in_hand_loses_and_repeats_nothing_more(tmp_path: Path) -> None:
+    """With host slots to spare, the feeder keeps leases in hand beyond its workers
+    (``--lease-ahead``); a kill strands them with the fetches in flight. The restart returns
+    them at once (the owner slot's previous holder is dead), nothing is lost, and the fetches
+    repeated stay within what was leased at the kills."""
+    cfg = ShopConfig(listings=6, per_page=10, latency_ms=40)
+    db = tmp_path / "kill.db"
+    ahead = ["--host-concurrency", "16", "--lease-ahead", "8"]
+    in_flight = 0
+    most = 0
+    with ShopServer(cfg) as server:
+        for i in range(3):
+            cmd = _crawl_cmd(server.seed_url, db, 4) + ahead
+            assert _kill_after_requests(server, cmd, 12 + 6 * i) == -signal.SIGKILL
+            leased = _leased(db)
+            in_flight += leased
+            most = max(most, leased)
+        done = run(_crawl_cmd(server.seed_url, db, 4) + ahead, timeout=120)
+        assert done.returncode == 0, done.stderr
+        paths: dict[str, int] = server.stats()["paths"]  # type: ignore[assignment]
+    assert most > 4, "no kill found leases in hand beyond the 4 workers"
+    assert sorted(_rows(db)) == sorted(expected_products(cfg).items())
+    assert len(paths) == 1 + 6 + 60
+    assert sum(n - 1 for n in paths.values()) <= in_flight
