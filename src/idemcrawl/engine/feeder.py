@@ -82,8 +82,10 @@ class Action(enum.Enum):
 @dataclass(slots=True)
 class Step:
     action: Action
-    #: LEASE: how many leases to ask for.
+    #: LEASE: how many leases to ask for, and how many of them are for waiting workers (the
+    #: rest are leases ahead; the call's paced bound, see the module docstring).
     want: int = 0
+    waiting: int = 0
     #: LEASED: the grants, in the frontier's order.
     leases: list[Lease] = field(default_factory=list)
     #: LINGER, IDLE: seconds to wait at most.
@@ -111,10 +113,12 @@ class FeederCore:
     the owner of the leases reports those with :meth:`settled`. ``reclaim`` returns the leases of
     dead processes of this machine (None: there are none to find, as in a simulation).
 
-    Threads: :meth:`lease` may run on the frontier's thread. It writes only the reschedule and
-    reclaim timers, which nothing else touches, and reads ``in_flight``, which meanwhile can only
-    fall (commits), so a stale value at worst postpones "finished" to the next wake-up. Everything
-    else runs on one thread (the event loop's).
+    Threads: :meth:`lease` may run on the frontier's thread. It writes the reschedule and
+    reclaim timers, which nothing else touches, and ``starved`` and the end of a pause in
+    asking ahead, which :meth:`plan` reads only after the call returned (the loop awaits it);
+    it reads ``in_flight``, which meanwhile can only fall (commits), so a stale value at worst
+    postpones "finished" to the next wake-up. Everything else runs on one thread (the event
+    loop's).
     """
 
     def __init__(
@@ -159,8 +163,6 @@ class FeederCore:
         #: until when asking ahead is off (AHEAD_RETRY).
         self.ahead = max(0, ahead)
         self._ahead_off_until = 0.0
-        #: Workers waiting when :meth:`plan` decided (the paced bound of a call ahead).
-        self._waiting = 0
         self._lingered = False
         self._next_reschedule = 0.0
         self._next_reclaim = 0.0
@@ -179,13 +181,12 @@ class FeederCore:
         ``more``): lingering first would only add to the wait."""
         if self.max_pages is not None and self.granted >= self.max_pages:
             return Step(Action.MAX_PAGES)
-        self._waiting = max(0, idle)
-        if self._asks_ahead():
+        if self._asks_ahead(self.clock.time()):
             # ``idle`` is negative while leases wait in hand: refill when a worker waits or
             # half of what is kept ahead is gone, so that one call serves many pages.
             want = self._within_max_pages(idle + self.ahead)
             if want > 0 and (idle > 0 or want >= max(1, self.ahead // 2)):
-                return Step(Action.LEASE, want=want)
+                return Step(Action.LEASE, want=want, waiting=max(0, idle))
             return Step(Action.WAIT)
         want = self._within_max_pages(idle)
         if want <= 0:
@@ -202,10 +203,10 @@ class FeederCore:
             self._lingered = True
             return Step(Action.LINGER, timeout=COALESCE_SECONDS)
         self._lingered = False
-        return Step(Action.LEASE, want=want)
+        return Step(Action.LEASE, want=want, waiting=want)
 
-    def _asks_ahead(self) -> bool:
-        return self.ahead > 0 and self.clock.time() >= self._ahead_off_until
+    def _asks_ahead(self, now: float) -> bool:
+        return self.ahead > 0 and now >= self._ahead_off_until
 
     def _within_max_pages(self, want: int) -> int:
         """``want`` leases, no more than this run's ``max_pages`` leaves."""
@@ -213,19 +214,23 @@ class FeederCore:
             return want
         return min(want, self.max_pages - self.granted)
 
-    def lease(self, want: int, more: Callable[[], int] | None = None) -> Step:
+    def lease(
+        self, want: int, more: Callable[[], int] | None = None, waiting: int | None = None
+    ) -> Step:
         """The frontier half: start due recrawl rounds, lease, or find out why nothing came.
         ``more``: the workers idle now, read when the call starts (they only grow while the
         feeder waits for this call), so that a call that waited for the frontier's thread
-        serves the workers that went idle meanwhile too."""
+        serves the workers that went idle meanwhile too. ``waiting``: how many of ``want``
+        are for waiting workers when ``more`` is not given (:attr:`Step.waiting`; None: all)."""
         f = self.frontier
-        ahead = self.ahead if self._asks_ahead() else 0
-        waiting = self._waiting
+        now = self.clock.time()
+        ahead = self.ahead if self._asks_ahead(now) else 0
         if more is not None:
             idle = more()
             waiting = max(0, idle)
             want = self._within_max_pages(max(want, idle + ahead))
-        now = self.clock.time()
+        elif waiting is None:
+            waiting = want
         revisits = 0
         if self.recrawl and now >= self._next_reschedule:
             # R16: start a new round (version + 1) for URLs whose next_fetch_at came.
@@ -301,7 +306,7 @@ class FeederCore:
         when it calls for leases. What a caller without threads (the simulator) uses."""
         step = self.plan(idle)
         if step.action is Action.LEASE:
-            step = self.lease(step.want)
+            step = self.lease(step.want, waiting=step.waiting)
             self.record(step)
         return step
 
