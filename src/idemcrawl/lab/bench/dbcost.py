@@ -205,9 +205,8 @@ class BackendSampler(threading.Thread):
     it did. A backend's last reading before it exits is what counts, so up to one period of each
     backend's work is missed, and a backend that lives less than ``list_every`` may be missed
     whole (a lower bound). The sampler shares the machine with the crawl it measures, and only
-    PostgreSQL runs have one: asking the server every 50 ms cost 0.11 s of the sampler's CPU
-    per 10 s (0.04 s now) plus the server's answers, so the list is refreshed ten times less
-    often.
+    PostgreSQL runs have one: asking the server every 50 ms cost 0.23 s of the sampler's CPU
+    per 10 s plus the server's answers, so the list is refreshed ten times less often.
     Backends that are not processes of this machine (another host, another PID namespace: the
     check of ``ServerProcesses``) are not counted; ``seconds`` is None when none was.
     """
