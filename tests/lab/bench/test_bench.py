@@ -305,7 +305,7 @@ def test_backend_sampler_counts_only_the_named_application_s_backends() -> None:
 
     burn = "SELECT count(*) FROM generate_series(1, 3000000)"
     app = f"idemcrawl-test-{uuid.uuid4().hex[:8]}"
-    sampler = BackendSampler(PG_DSN, application=app, period=0.02, list_every=0.02)
+    sampler = BackendSampler(PG_DSN, application=app, period=0.02)
     sampler.start()
     with psycopg.connect(PG_DSN, application_name="someone-else") as other:
         other.execute(burn)

@@ -200,30 +200,18 @@ class BackendSampler(threading.Thread):
     PostgreSQL side of a crawl's cost, which a measure of the crawl's process tree cannot see
     and "the rest of the machine" lumps with the web server.
 
-    Every ``period`` seconds it reads the CPU time of the backends it knows (``/proc``); every
-    ``list_every`` seconds it asks the server for the application's backends that started after
-    it did. A backend's last reading before it exits is what counts, so up to one period of each
-    backend's work is missed, and a backend that lives less than ``list_every`` may be missed
-    whole (a lower bound). The sampler shares the machine with the crawl it measures, and only
-    PostgreSQL runs have one: asking the server every 50 ms cost 0.23 s of the sampler's CPU
-    per 10 s plus the server's answers, so the list is refreshed ten times less often.
-    Backends that are not processes of this machine (another host, another PID namespace: the
-    check of ``ServerProcesses``) are not counted; ``seconds`` is None when none was.
+    Every ``period`` seconds it lists the application's backends that started after it did and
+    reads their CPU time; a backend's last reading before it exits is what counts, so up to one
+    period of each backend's work is missed (a lower bound). Backends that are not processes of
+    this machine (another host, another PID namespace: the check of ``ServerProcesses``) are
+    not counted; ``seconds`` is None when none was.
     """
 
-    def __init__(
-        self,
-        dsn: str,
-        application: str = "idemcrawl",
-        period: float = 0.05,
-        list_every: float = 0.5,
-    ) -> None:
+    def __init__(self, dsn: str, application: str = "idemcrawl", period: float = 0.05) -> None:
         super().__init__(daemon=True, name="idemcrawl-bench-backends")
         self._dsn = dsn
         self._application = application
         self._period = period
-        self._list_every = list_every
-        self._listed_at = -float("inf")
         self._stop_event = threading.Event()
         self._since = time.time()
         #: pid -> the last CPU ns read (local backends only); pid -> whether it is local.
@@ -243,22 +231,18 @@ class BackendSampler(threading.Thread):
             while True:
                 self._sample(watch)
                 if self._stop_event.wait(self._period):
-                    self._sample(watch, listing=True)
+                    self._sample(watch)
                     return
         except psycopg.Error as exc:
             self.error = str(exc)
         finally:
             watch.close()
 
-    def _sample(self, watch: ServerProcesses, listing: bool = False) -> None:
-        now = time.monotonic()
-        if listing or now - self._listed_at >= self._list_every:
-            self._listed_at = now
-            for pid in watch.backends_of(self._application, self._since - 1.0):
-                if pid not in self._local:
-                    self._local[pid] = watch.is_local(pid)
-        for pid, local in self._local.items():
-            if local:
+    def _sample(self, watch: ServerProcesses) -> None:
+        for pid in watch.backends_of(self._application, self._since - 1.0):
+            if pid not in self._local:
+                self._local[pid] = watch.is_local(pid)
+            if self._local[pid]:
                 ns = cpu_ns(pid)
                 if ns is not None:
                     self._cpu[pid] = max(ns, self._cpu.get(pid, 0))
