@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from .base import Completion, Cookie, FrontierStats, Lease, NewURL, Progress, RequestSpec
 
 #: Bumped with the schema, on every backend alike (``migrate`` returns it).
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 #: The columns of ``urls``, in table order (what ``url_row`` returns).
 URL_COLUMNS = (
