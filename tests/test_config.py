@@ -132,9 +132,9 @@ def test_errors_are_one_line_and_name_the_flag(
     assert needle in message and "\n" not in message, message
 
 
-def test_leases_ahead_default_to_half_the_workers(tmp_path: Path) -> None:
+def test_leases_ahead_default_to_the_workers(tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
-    assert layered_config(None, {"db": db, "seeds": [SEED], "concurrency": 64}).leases_ahead() == 32
+    assert layered_config(None, {"db": db, "seeds": [SEED], "concurrency": 64}).leases_ahead() == 64
     off = layered_config(None, {"db": db, "seeds": [SEED], "lease_ahead": 0})
     assert off.leases_ahead() == 0
     path = _toml(tmp_path, f'db = "{db}"\nseeds = ["{SEED}"]\nlease_ahead = 5\n')

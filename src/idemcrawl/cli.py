@@ -75,7 +75,7 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--lease-seconds", seconds,
      "how long a leased URL stays claimed if its owner dies (default {lease_seconds})"),
     ("--lease-ahead", non_negative_int, "leases kept ready beyond the idle workers, only from "
-     "hosts with no delay between starts (default: half of --concurrency; 0 = off)"),
+     "hosts with no delay between starts (default: --concurrency; 0 = off)"),
     ("--scope", None, "which discovered links to follow (default: the seeds' hosts)",
      {"choices": ("host", "domain", "any")}),
     ("--allow-private", "append", "permit connections to this private/loopback address or "
