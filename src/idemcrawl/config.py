@@ -43,7 +43,7 @@ class CrawlConfig:
     #: A lease must outlive a whole fetch + parse; expiry is only for crashed owners.
     lease_seconds: float = 120.0
     #: Leases kept in hand beyond the workers waiting for one (``engine/feeder.py``), only
-    #: from hosts that space no starts; None: half of ``concurrency``; 0: lease only for
+    #: from hosts that space no starts; None: ``concurrency`` (``leases_ahead``); 0: lease only for
     #: waiting workers.
     lease_ahead: int | None = None
     #: host: same host_key as a seed; domain: same registrable-ish domain; any: everything.
