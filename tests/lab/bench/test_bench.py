@@ -12,7 +12,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import deque
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
@@ -293,30 +292,35 @@ def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run(
     assert left == [], "each run's schema is dropped after the run"
 
 
-def test_backend_sampler_counts_only_the_named_application_s_backends() -> None:
-    """A crawl's server-side CPU: the backends of its application (by ``application_name``)
-    that started after the sampler did, read until they exit."""
+def test_server_cpu_counts_the_server_s_work_during_the_run_only() -> None:
+    """The server's CPU between start and stop, read at those two instants: the work of a
+    connection that opens and closes in between (its backend reaped by the postmaster) counts,
+    the work an open connection did before the start does not."""
     from tests.frontier.conftest import PG_DSN, require_postgres
 
     require_postgres()
     import psycopg
 
-    from idemcrawl.lab.bench.dbcost import BackendSampler
+    from idemcrawl.lab.bench.dbcost import ServerCpu
 
     burn = "SELECT count(*) FROM generate_series(1, 3000000)"
-    app = f"idemcrawl-test-{uuid.uuid4().hex[:8]}"
-    sampler = BackendSampler(PG_DSN, application=app, period=0.02)
-    sampler.start()
-    with psycopg.connect(PG_DSN, application_name="someone-else") as other:
-        other.execute(burn)
-        time.sleep(0.1)
-    assert sampler.seconds is None  # nobody of ``app`` yet
-    with psycopg.connect(PG_DSN, application_name=app) as ours:
-        ours.execute(burn)
-        time.sleep(0.1)  # a sample lands after the work
-    seconds = sampler.stop()
-    assert sampler.error is None
-    assert seconds is not None and seconds > 0.05, seconds
+    with psycopg.connect(PG_DSN) as before:
+        before.execute(burn)  # ~0.2 s of backend CPU, before the start
+        idle = ServerCpu(PG_DSN)
+        idle.start()
+        time.sleep(0.2)
+        assert idle.stop() is not None and idle.error is None
+        assert idle.seconds is not None and idle.seconds < 0.1, idle.seconds
+
+        during = ServerCpu(PG_DSN)
+        during.start()
+        with psycopg.connect(PG_DSN) as short_lived:
+            short_lived.execute(burn)
+        before.execute(burn)  # a backend alive at both ends counts its difference
+        time.sleep(0.2)  # let the postmaster reap the closed connection's backend
+        seconds = during.stop()
+    assert during.error is None
+    assert seconds is not None and seconds > 0.2, seconds
 
 
 def _run(tool: str, rnd: int, **kw: object) -> bench.RunResult:

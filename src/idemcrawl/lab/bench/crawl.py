@@ -241,7 +241,7 @@ class RunResult:
     #: CPU seconds the rest of the machine used during the run (server, sampler, anyone else);
     #: None where it cannot be measured. Large values mean the wall times are contaminated.
     other_cpu_s: float | None = None
-    #: Of that, the CPU seconds of the PostgreSQL server's backends serving the run (a crawl
+    #: Of that, the CPU seconds of the PostgreSQL server's processes during the run (a crawl
     #: with ``--db postgresql://`` on a server of this machine; None otherwise).
     server_cpu_s: float | None = None
     #: Fingerprint of idemcrawl's source when an idemcrawl run started (see source_fingerprint).
@@ -456,8 +456,9 @@ class BenchReport:
             "count once per process). Duplicates: requests beyond the first for a port+URI. "
             "Other CPU s: CPU time the rest of the machine (web server, benchmark, other "
             f"processes) used during the run, out of {os.cpu_count()} CPUs x wall time; "
-            "(db N): of it, the PostgreSQL backends serving the crawl, sampled every 50 ms "
-            "(a server of this machine only).",
+            "(db N): of it, the whole PostgreSQL server (its backends and auxiliary "
+            "processes, read from /proc at the start and the end of the run; a server of "
+            "this machine only).",
         ]
         if self.instructions is not None:
             lines += ["", *self.instructions.markdown()]
@@ -588,7 +589,7 @@ class _Measured:
     stderr: str
     #: CPU seconds the whole machine was busy between the tool's start and its exit.
     machine_busy_s: float | None = None
-    #: CPU seconds of the PostgreSQL backends serving the tool (``dbcost.BackendSampler``).
+    #: CPU seconds of the PostgreSQL server while the tool ran (``dbcost.ServerCpu``).
     server_cpu_s: float | None = None
 
     @property
@@ -635,7 +636,7 @@ def measure(
         if server is not None:
             from . import dbcost
 
-            backends = dbcost.BackendSampler(server)
+            backends = dbcost.ServerCpu(server)
             backends.start()
         try:
             lp.wait(timeout + 60)
@@ -977,7 +978,7 @@ def _timed_rounds(
                     + (
                         ""
                         if result.server_cpu_s is None
-                        else f", of it PostgreSQL's backends {result.server_cpu_s:.1f} s"
+                        else f", of it the PostgreSQL server {result.server_cpu_s:.1f} s"
                     )
                     + "), "
                     f"peak RSS {rss} MB, {result.duplicates} duplicates"
