@@ -605,7 +605,7 @@ def measure(
     cmd: Sequence[str], workdir: Path, name: str, timeout: float, server: str | None = None
 ) -> _Measured:
     """Run ``cmd`` under the launcher and sample its tree; outputs go to files in ``workdir``.
-    ``server``: the PostgreSQL server (a DSN) whose backends serving the tool are sampled too."""
+    ``server``: the PostgreSQL server (a DSN) whose CPU over the run is measured too."""
     out_json = workdir / f"{name}.rusage.json"
     out_path, err_path = workdir / f"{name}.stdout", workdir / f"{name}.stderr"
     launcher = [
@@ -622,6 +622,13 @@ def measure(
     # otherwise send every request through an http_proxy from the environment).
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     with open(out_path, "wb") as so, open(err_path, "wb") as se:
+        server_cpu = None
+        if server is not None:
+            from . import dbcost
+
+            # Read before the tool starts: every connection it opens is then counted whole.
+            server_cpu = dbcost.ServerCpu(server)
+            server_cpu.start()
         lp = subprocess.Popen(
             launcher,
             stdin=subprocess.DEVNULL,
@@ -632,12 +639,6 @@ def measure(
         )
         sampler = _TreeSampler(lp.pid)
         sampler.start()
-        backends = None
-        if server is not None:
-            from . import dbcost
-
-            backends = dbcost.ServerCpu(server)
-            backends.start()
         try:
             lp.wait(timeout + 60)
         except subprocess.TimeoutExpired:
@@ -645,7 +646,7 @@ def measure(
             lp.wait()
         finally:
             sampler.stop()
-            server_cpu_s = backends.stop() if backends is not None else None
+            server_cpu_s = server_cpu.stop() if server_cpu is not None else None
     stdout = out_path.read_text(errors="replace")
     stderr = err_path.read_text(errors="replace")
     try:
