@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .base import FrontierError
 from .postgres_schema import MIGRATIONS
-from .postgres_store import PgStore
+from .postgres_store import GRANT_CHECK, PgStore
 from .scheduler import Scheduler
 from .store import SCHEMA_VERSION
 
@@ -107,6 +108,16 @@ VACUUM_CATALOGS = "VACUUM " + ", ".join(CHURNED_CATALOGS)
 
 #: A read that must see one state across its statements.
 _SNAPSHOT_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+#: A check made in SQL (plain SQL has no RAISE): its message cast to int, quoted by the server.
+_IN_SQL_CHECK = re.compile(r'invalid input syntax for type integer: "(' + GRANT_CHECK + r'[^"]*)"')
+
+
+def error_message(exc: Exception) -> str:
+    """What a server error says; the message of one of the frontier's own checks in SQL
+    (``postgres_store.GRANT_CHECK``) without the cast error that carried it."""
+    text = str(exc)
+    found = _IN_SQL_CHECK.search(text)
+    return found.group(1) if found else text
 
 
 @dataclass(slots=True)
@@ -300,7 +311,7 @@ class PostgresFrontier(Scheduler):
                     else:
                         self._rollback_quietly()
                     if not retry or (not lost and not isinstance(exc, psycopg.OperationalError)):
-                        raise FrontierError(f"PostgreSQL error: {exc}") from exc
+                        raise FrontierError(f"PostgreSQL error: {error_message(exc)}") from exc
                     if state.committing and state.xid is not None:
                         outcome = self._commit_outcome(state.xid, deadline)
                         if outcome == "committed":

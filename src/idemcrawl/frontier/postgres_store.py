@@ -203,6 +203,11 @@ _ADD_COUNTERS = (
 )
 
 
+#: How the grant's own check (``_grant_sql``) begins its message; the server reports it inside
+#: an "invalid input syntax for type integer" error, which ``postgres.error_message`` unwraps.
+GRANT_CHECK = "a grant found"
+
+
 def _grant_sql(by_id: bool) -> str:
     """The whole grant in one statement (data-modifying CTEs, each run once and to the end
     whether read or not): the URL rows (``_GRANT_URLS``), the lease log, the hosts' tokens,
@@ -222,7 +227,7 @@ def _grant_sql(by_id: bool) -> str:
         f"bumped AS ({_ADD_COUNTERS}) "
         "SELECT CASE WHEN (SELECT count(*) FROM leased) = %s::bigint "
         "THEN set_config('idemcrawl.counted', 'on', true) "
-        "ELSE CAST(format('a grant found %%s of its %%s URLs queued; its counts would be "
+        f"ELSE CAST(format('{GRANT_CHECK} %%s of its %%s URLs queued; its counts would be "
         "wrong, so the transaction is rolled back', (SELECT count(*) FROM leased), %s::bigint)"
         " AS int)"
         "::text END"
