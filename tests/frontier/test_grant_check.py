@@ -4,6 +4,7 @@ fails whole instead of writing counts that would be wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -27,18 +28,20 @@ def test_a_grant_of_a_url_that_is_not_queued_is_rolled_back_whole(
         (lease,) = f.lease("w", 1, T0, 30, FAST)
         before = f.stats().urls_by_state
         log_before = f._run(lambda s: s.audit_facts(), write=False)  # type: ignore[attr-defined]
-        # The same URL granted again (it is leased now), with a queued one beside it.
-        grant = Grant(lease.host_key, [lease], 0.0, 8, 1, T0, "", 0)
+        # The leased URL granted again, beside a queued one: the grant must not half happen.
+        queued = next(r for r in f.url_rows() if r["state"] == "queued")  # type: ignore[attr-defined]
+        other = dataclasses.replace(lease, url_id=queued["url_id"], url=queued["url"])
+        grant = Grant(lease.host_key, [other, lease], 0.0, 8, 1, T0, "", 0)
         with pytest.raises(FrontierError) as err:
             f._run(lambda s: s.grant([grant], "w", T0 + 1, T0 + 31))  # type: ignore[attr-defined]
         text = str(err.value)
         if backend == "postgres":
             assert text == (
-                "PostgreSQL error: a grant found 0 of its 1 URLs queued; its counts would be "
+                "PostgreSQL error: a grant found 1 of its 2 URLs queued; its counts would be "
                 "wrong, so the transaction is rolled back"
             )
         else:
-            assert text == "granted 0 URLs, expected 1: rolled back"
+            assert text == "granted 1 URLs, expected 2: rolled back"
         assert f.stats().urls_by_state == before
         counted, kept = queued_and_leased_by_host(f)  # type: ignore[arg-type]
         assert counted == kept == {"http://a": [2, 1]}
