@@ -97,10 +97,14 @@ def test_four_processes_on_postgres_with_kills(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_chaos_on_postgres_is_exact_and_drops_its_schemas() -> None:
     """``idemcrawl chaos --db postgresql://…``: the kill test's crawls on the server, each run in
-    a schema of its own that is dropped once scored."""
+    a schema of its own that is dropped once scored, and the catalogs its DDL churned are
+    vacuumed after it (a server without autovacuum keeps their dead rows)."""
     require_postgres()
     import psycopg
 
+    vacuumed = "SELECT last_vacuum FROM pg_stat_sys_tables WHERE relname = 'pg_attribute'"
+    with psycopg.connect(PG_DSN, autocommit=True) as con:
+        started = con.execute("SELECT now()").fetchone()[0]
     res = run_cli(
         "chaos", "--runs", "1", "--kills", "2", "--listings", "3", "--per-page", "10",
         "--latency-ms", "60", "--min", "0.1", "--max", "0.3", "--skip-naive", "--json",
@@ -115,6 +119,8 @@ def test_chaos_on_postgres_is_exact_and_drops_its_schemas() -> None:
     with psycopg.connect(PG_DSN, autocommit=True) as con:
         left = con.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'chaos\\_%'")
         assert left.fetchone()[0] == 0
+        last = con.execute(vacuumed).fetchone()[0]
+        assert last is not None and last >= started
 
 
 def test_chaos_refuses_an_unknown_database() -> None:
