@@ -80,10 +80,17 @@ def _stat_fields(pid: int) -> tuple[str, list[str]]:
     return raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
 
 
+def _cpu_fields(rest: list[str]) -> tuple[int, int, int]:
+    """From ``_stat_fields``' fields: the process's start time (clock ticks since boot: with
+    the pid, its identity), its own CPU and the CPU of the children it has reaped, in ns."""
+    # rest[0] is field 3 (state): utime, stime, cutime, cstime are fields 14-17, starttime 22.
+    own = (int(rest[11]) + int(rest[12])) * 1_000_000_000 // _CLK_TCK
+    reaped = (int(rest[13]) + int(rest[14])) * 1_000_000_000 // _CLK_TCK
+    return int(rest[19]), own, reaped
+
+
 def _stat_cpu_ns(pid: int) -> int:
-    _, rest = _stat_fields(pid)
-    # rest[0] is field 3 (state): utime and stime are fields 14 and 15.
-    return (int(rest[11]) + int(rest[12])) * 1_000_000_000 // _CLK_TCK
+    return _cpu_fields(_stat_fields(pid)[1])[1]
 
 
 def _pick_source() -> tuple[str, Callable[[int], int]]:
@@ -160,16 +167,6 @@ class ServerProcesses:
             and abs(started - row[0].timestamp()) < 2.0
         )
 
-    def backends_of(self, application: str, since: float) -> list[int]:
-        """The pids of the backends whose ``application_name`` is ``application`` that started
-        at ``since`` (Unix time) or later."""
-        rows = self._conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
-            "AND backend_start >= to_timestamp(%s)",
-            (application, since),
-        ).fetchall()
-        return [int(pid) for (pid,) in rows]
-
     def auxiliary(self) -> dict[int, str]:
         """pid -> kind of every server process that is not a client backend (and the
         postmaster): the ones that work for all clients at once."""
@@ -196,17 +193,6 @@ class ServerProcesses:
         self._conn.close()
 
 
-def _stat_times(pid: int) -> tuple[int, int, int]:
-    """Process ``pid``'s start time (clock ticks since boot: with the pid, its identity), its
-    own CPU and the CPU of the children it has reaped, both in ns (10 ms ticks)."""
-    _, rest = _stat_fields(pid)
-    # rest[0] is field 3: utime, stime, cutime, cstime are fields 14-17, starttime field 22.
-    own = int(rest[11]) + int(rest[12])
-    reaped = int(rest[13]) + int(rest[14])
-    tick = 1_000_000_000 // _CLK_TCK
-    return int(rest[19]), own * tick, reaped * tick
-
-
 def _children(ppid: int) -> dict[tuple[int, int], int]:
     """(pid, start time) -> CPU ns of every live process whose parent is ``ppid``."""
     out: dict[tuple[int, int], int] = {}
@@ -215,9 +201,10 @@ def _children(ppid: int) -> dict[tuple[int, int], int]:
             continue
         pid = int(entry)
         try:
-            if int(_stat_fields(pid)[1][1]) != ppid:
+            _, rest = _stat_fields(pid)
+            if int(rest[1]) != ppid:
                 continue
-            started, own, _ = _stat_times(pid)
+            started, own, _ = _cpu_fields(rest)
         except (OSError, ValueError, IndexError):
             continue  # gone while we looked: its CPU is in the parent's reaped time
         out[(pid, started)] = own
@@ -261,7 +248,7 @@ class ServerCpu:
         self.error: str | None = None
 
     def _snapshot(self, postmaster: int) -> _ServerSnapshot:
-        _, own, reaped = _stat_times(postmaster)
+        _, own, reaped = _cpu_fields(_stat_fields(postmaster)[1])
         return _ServerSnapshot(own, reaped, _children(postmaster))
 
     def start(self) -> None:
@@ -270,7 +257,7 @@ class ServerCpu:
         try:
             watch = ServerProcesses(self._dsn, None)
             try:
-                pid = int(watch.backend_pid())
+                pid = watch.backend_pid()
                 if watch.is_local(pid):
                     self._postmaster = _parent(pid)
             finally:
