@@ -136,6 +136,62 @@ def _schema_at_version(admin: Any, schema: str, version: int, *, start: int = 1)
         admin.execute("INSERT INTO schema_version (version) VALUES (%s)", (v,))
 
 
+def _catalog(admin: Any, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    """What a schema is made of, with its own name taken out: columns (type, default,
+    nullability, position), indexes, constraints, triggers and functions."""
+    queries = {
+        "columns": (
+            "SELECT table_name, column_name, ordinal_position, data_type, column_default, "
+            "is_nullable, is_generated, generation_expression FROM information_schema.columns "
+            "WHERE table_schema = %s"
+        ),
+        "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = %s",
+        "constraints": (
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(c.oid) "
+            "FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace "
+            "WHERE n.nspname = %s"
+        ),
+        "triggers": (
+            "SELECT tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
+            "JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND NOT t.tgisinternal"
+        ),
+        "functions": (
+            "SELECT proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s"
+        ),
+        "relations": (
+            "SELECT relname, relkind, reloptions FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
+        ),
+    }
+    out = {}
+    for name, query in queries.items():
+        rows = admin.execute(query, (schema,)).fetchall()
+        out[name] = sorted(
+            tuple(str(v).replace(schema, "<schema>") if v is not None else None for v in row)
+            for row in rows
+        )
+    return out
+
+
+def test_a_new_crawl_s_schema_is_the_one_its_migrations_build(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """A new crawl runs every migration in one transaction (``_create_fresh``); an older
+    crawl's upgrade runs them one by one. Both must end at the same schema, or a crawl created
+    today and one upgraded to today would behave differently."""
+    from idemcrawl.frontier.store import SCHEMA_VERSION
+
+    chained, fresh = new_schema(), new_schema()
+    _schema_at_version(admin, chained, SCHEMA_VERSION)
+    admin.execute("RESET search_path")
+    _open(dsn, fresh).close()
+    assert _versions(admin, fresh) == list(range(1, SCHEMA_VERSION + 1))
+    built, created = _catalog(admin, chained), _catalog(admin, fresh)
+    assert len(created["columns"]) > 100 and len(created["functions"]) >= 4
+    for part in built:
+        assert created[part] == built[part], part
+
+
 def test_a_version_5_schema_migrates_in_place(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
     """Version 6 in place on a version-5 schema: URL rows get their host's id instead of its
     key, the state index goes, per-state totals start from a count; rows, host counts and
