@@ -95,10 +95,11 @@ def test_four_processes_on_postgres_with_kills(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_chaos_on_postgres_is_exact_and_drops_its_schemas() -> None:
+def test_chaos_on_postgres_is_exact_and_drops_its_schemas(tmp_path: Path) -> None:
     """``idemcrawl chaos --db postgresql://…``: the kill test's crawls on the server, each run in
-    a schema of its own that is dropped once scored, and the catalogs its DDL churned are
-    vacuumed after it (a server without autovacuum keeps their dead rows)."""
+    a schema of its own that is dropped once scored, with the crawls' owner slots in the temp
+    directory, and the catalogs its DDL churned are vacuumed after it (a server without
+    autovacuum keeps their dead rows)."""
     require_postgres()
     import psycopg
 
@@ -108,9 +109,10 @@ def test_chaos_on_postgres_is_exact_and_drops_its_schemas() -> None:
     res = run_cli(
         "chaos", "--runs", "1", "--kills", "2", "--listings", "3", "--per-page", "10",
         "--latency-ms", "60", "--min", "0.1", "--max", "0.3", "--skip-naive", "--json",
-        "--db", PG_DSN, timeout=180,
+        "--db", PG_DSN, timeout=180, env={"TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
+    assert not list(tmp_path.glob("idemcrawl-owners-*"))
     report = json.loads(res.stdout)
     (idem,) = report["results"]
     assert report["ok"] and report["options"]["db"] == PG_DSN

@@ -69,6 +69,40 @@ def acquire(crawl_identity: str) -> OwnerSlot:
     raise RuntimeError(f"more than {MAX_SLOTS} crawl processes on {crawl_identity}")
 
 
+def forget(crawl_identity: str) -> bool:
+    """Remove the slot files of a crawl that is gone (its schema or file deleted), and their
+    directory; returns whether the directory went.
+
+    A server crawl's slots live in the temp directory, which nothing else cleans: a benchmark or
+    chaos run that drops its schema would otherwise leave one directory per run behind (74 on
+    a machine after a day of runs). Only slots no process holds are removed, and the directory
+    only when it is then empty: a crawl still running on the name keeps its own slot, and the
+    caller must not start a new one on it meanwhile (a file unlinked while another process
+    opens it would give two processes one owner id).
+    """
+    directory = lock_dir_for(crawl_identity)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return False
+    for name in names:
+        path = os.path.join(directory, name)
+        if not (name.startswith("slot-") and name.endswith(".lock")):
+            continue
+        fd = _try_lock(path)
+        if fd < 0:
+            continue  # held: that crawl is alive
+        try:
+            os.unlink(path)
+        finally:
+            os.close(fd)
+    try:
+        os.rmdir(directory)
+    except OSError:
+        return False
+    return True
+
+
 def reclaim_dead_local_owners(
     crawl_identity: str, owners: list[str], me: str, release: Callable[[str], int]
 ) -> int:

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .. import owner as owners
 from .testsite import ShopConfig, ShopServer, expected_products
 
 SPIDER = "idemcrawl.lab.testsite.shop_spider:ShopSpider"
@@ -263,6 +264,7 @@ class _CrawlDB:
                 # The schema's DDL left dead rows in the catalogs, which a server without
                 # autovacuum keeps (``PostgresFrontier.vacuum_catalogs``, as the benchmarks do).
                 pg.execute(VACUUM_CATALOGS)
+            owners.forget(self.db)  # the crawls' owner slots, in the temp directory
 
 
 def _leased_now(where: _CrawlDB) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -272,11 +273,13 @@ def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run(
     # Only this test's own schemas are checked: other benchmarks or test sessions sharing the
     # server may have theirs open at the same moment.
     used: list[str] = []
+    dbs: list[str] = []
     real = bench._with_schema
 
     def spy(dsn: str, schema: str) -> str:
         used.append(schema)
-        return real(dsn, schema)
+        dbs.append(real(dsn, schema))
+        return dbs[-1]
 
     monkeypatch.setattr(bench, "_with_schema", spy)
     opts = BenchOptions(hosts=1, pages=10, page_kb=2, links=4, db=PG_DSN, compare=(), runs=2)
@@ -290,6 +293,10 @@ def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run(
             "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (used,)
         ).fetchall()
     assert left == [], "each run's schema is dropped after the run"
+    from idemcrawl import owner
+
+    gone = [not os.path.exists(owner.lock_dir_for(db)) for db in dbs]
+    assert gone == [True, True], "and its crawl's owner slots in the temp directory"
 
 
 def test_server_cpu_counts_the_server_s_work_during_the_run_only() -> None:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from idemcrawl import owner as owners
 from idemcrawl.frontier import split_schema
 from idemcrawl.parse import Page, Record, Spider
 
@@ -779,6 +780,7 @@ def _drop_schema(db: str) -> None:
         pg.vacuum_catalogs()  # the server may run without autovacuum
     finally:
         pg.close()
+    owners.forget(db)  # the run's owner slots, in the temp directory (the crawl has exited)
 
 
 def _db_for(opts: BenchOptions, scratch: Path, run_id: str) -> str:
