@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import owner as owners
+from .pgserver import drop_run_schema
 from .testsite import ShopConfig, ShopServer, expected_products
 
 SPIDER = "idemcrawl.lab.testsite.shop_spider:ShopSpider"
@@ -255,16 +255,7 @@ class _CrawlDB:
 
     def drop(self) -> None:
         if self.dsn is not None:
-            import psycopg
-
-            from ..frontier.postgres import VACUUM_CATALOGS
-
-            with psycopg.connect(self.dsn, autocommit=True) as pg:
-                pg.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
-                # The schema's DDL left dead rows in the catalogs, which a server without
-                # autovacuum keeps (``PostgresFrontier.vacuum_catalogs``, as the benchmarks do).
-                pg.execute(VACUUM_CATALOGS)
-            owners.forget(self.db)  # the crawls' owner slots, in the temp directory
+            drop_run_schema(self.db)  # as the benchmarks do: catalogs vacuumed, slots forgotten
 
 
 def _leased_now(where: _CrawlDB) -> int:

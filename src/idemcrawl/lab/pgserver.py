@@ -26,11 +26,31 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["PgServer", "PgServerError", "find_bin_dir"]
+from .. import owner
+
+__all__ = ["PgServer", "PgServerError", "drop_run_schema", "find_bin_dir"]
 
 
 class PgServerError(RuntimeError):
     """A test server could not be made, started or stopped (with what the tool said)."""
+
+
+def drop_run_schema(db: str) -> None:
+    """Remove a benchmark or chaos run's crawl on a server (``db``: the crawl's ``--db``, naming
+    its schema): the schema, the dead catalog rows its DDL left (a server without autovacuum
+    keeps them, ``PostgresFrontier.vacuum_catalogs``), and its owner slots in the temp directory
+    (``owner.forget``). Call it once the run's crawl processes have exited."""
+    from ..frontier import split_schema
+    from ..frontier.postgres import PostgresFrontier
+
+    dsn, schema = split_schema(db)
+    pg = PostgresFrontier(dsn, schema=schema)
+    try:
+        pg.drop_schema()
+        pg.vacuum_catalogs()
+    finally:
+        pg.close()
+    owner.forget(db)
 
 
 def find_bin_dir() -> Path | None:

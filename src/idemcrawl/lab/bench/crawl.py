@@ -56,10 +56,10 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from idemcrawl import owner as owners
 from idemcrawl.frontier import split_schema
 from idemcrawl.parse import Page, Record, Spider
 
+from ..pgserver import drop_run_schema
 from .instructions import COUNTERS as INSTRUCTION_COUNTERS
 from .instructions import (
     BenchError,
@@ -769,20 +769,6 @@ def _with_schema(dsn: str, schema: str) -> str:
     return urlunsplit(parts._replace(query=urlencode([*query, ("schema", schema)])))
 
 
-def _drop_schema(db: str) -> None:
-    """Remove a run's PostgreSQL schema; a failure is reported, not fatal."""
-    from idemcrawl.frontier.postgres import PostgresFrontier
-
-    dsn, schema = split_schema(db)
-    pg = PostgresFrontier(dsn, schema=schema)
-    try:
-        pg.drop_schema()
-        pg.vacuum_catalogs()  # the server may run without autovacuum
-    finally:
-        pg.close()
-    owners.forget(db)  # the run's owner slots, in the temp directory (the crawl has exited)
-
-
 def _db_for(opts: BenchOptions, scratch: Path, run_id: str) -> str:
     if _is_dsn(opts.db):
         return _with_schema(opts.db, f"bench_crawl_{uuid.uuid4().hex[:8]}_{run_id}")
@@ -941,7 +927,7 @@ def _timed_rounds(
                 stats = site.log_stats()
                 if _is_dsn(db):
                     try:
-                        _drop_schema(db)
+                        drop_run_schema(db)
                     except Exception as exc:  # a leftover schema must not lose the results
                         say(f"could not drop {mask_dsn(db)}: {exc}")
                 error = None
@@ -1013,7 +999,7 @@ def _count_instructions(
                 items_out.unlink()
             if _is_dsn(db):
                 try:
-                    _drop_schema(db)
+                    drop_run_schema(db)
                 except Exception as exc:  # a leftover schema must not lose the counts
                     say(f"could not drop {mask_dsn(db)}: {exc}")
 
