@@ -110,6 +110,30 @@ def test_parse_trace_counts_statements_round_trips_and_bytes() -> None:
     assert c.bytes_received == 10 + 5 + 4 + 13 + 13 + 5 + 5
 
 
+def test_tcp_data_segments_count_writes_to_a_socket_and_nothing_else() -> None:
+    """The counter behind ``WireCount.sends``: each ``send()`` on a loopback TCP socket is one
+    data segment; reading, and an empty socket, add none; a Unix socket has no count."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        with client, peer:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            before = dbcost.tcp_data_segments_sent(client.fileno())
+            if before is None:
+                pytest.skip("this kernel does not report TCP data segments")
+            for chunk in (b"a", b"bb", b"ccc"):
+                client.sendall(chunk)
+                assert peer.recv(16) == chunk
+            peer.sendall(b"answer")
+            assert client.recv(16) == b"answer"
+            assert dbcost.tcp_data_segments_sent(client.fileno()) == before + 3
+    left, right = socket.socketpair()
+    with left, right:
+        assert dbcost.tcp_data_segments_sent(left.fileno()) is None
+
+
 def test_parse_trace_times_round_trips_by_statement() -> None:
     trace = [
         '2026-01-01 10:00:00.000000\tF\t10\tQuery\t "BEGIN"',
@@ -218,6 +242,13 @@ def test_postgres_cost_from_the_server_processes_and_the_wire(pg_dsn: str) -> No
         c.round_trips_per_lease_call / 8 + c.round_trips_per_completion_batch / 8
     )
     assert c.wire_bytes_per_page is not None and c.wire_bytes_per_page > 100
+    # writes to the socket: one per round trip, but for a statement larger than libpq's 8 kB
+    assert c.sends_per_lease_call is not None and c.sends_per_completion_batch is not None
+    assert c.round_trips_per_lease_call <= c.sends_per_lease_call
+    assert c.sends_per_lease_call <= c.round_trips_per_lease_call + 1
+    assert c.round_trips_per_completion_batch <= c.sends_per_completion_batch
+    assert c.sends_per_completion_batch <= c.round_trips_per_completion_batch + 1
+    assert "/ sends" in r.text()
     # the statements the calls' time went to, by their SQL (prepared ones too)
     assert c.slowest_in_lease and c.slowest_in_completion
     assert all(

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sqlite3
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -321,6 +323,9 @@ class WireCount:
     round_trips: int | None = None
     bytes_sent: int | None = None
     bytes_received: int | None = None
+    #: Writes to the socket that carried them (``tcp_data_segments_sent``); None where the
+    #: kernel does not say (not Linux, a Unix socket).
+    sends: int | None = None
     #: Round trips and their milliseconds, keyed by the first statement each carried (its
     #: SQL, whitespace collapsed, cut short): where the calls' time goes, statement by statement.
     by_statement: dict[str, list[float]] = field(default_factory=dict)
@@ -333,6 +338,8 @@ class WireCount:
             self.round_trips = (self.round_trips or 0) + other.round_trips
             self.bytes_sent = (self.bytes_sent or 0) + (other.bytes_sent or 0)
             self.bytes_received = (self.bytes_received or 0) + (other.bytes_received or 0)
+        if other.sends is not None:
+            self.sends = (self.sends or 0) + other.sends
         for label, (n, ms) in other.by_statement.items():
             mine = self.by_statement.setdefault(label, [0, 0.0])
             mine[0] += n
@@ -448,15 +455,46 @@ def count_pg_wire(conn: Any) -> Iterator[WireCount]:
     prepared = prepared_statements(conn)
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as f:
         pgconn = conn.pgconn
+        sent_before = tcp_data_segments_sent(pgconn.socket)
         pgconn.trace(f.fileno())
         pgconn.set_trace_flags(pq.Trace.REGRESS_MODE)  # timestamps kept: they time statements
         try:
             yield result
         finally:
             pgconn.untrace()  # flushes what libpq buffered
+            sent_after = tcp_data_segments_sent(pgconn.socket)
             f.seek(0)
             counted = parse_trace(f.read().splitlines(), prepared)
+    if sent_before is not None and sent_after is not None:
+        counted.sends = sent_after - sent_before
     result.add(counted)
+
+
+#: ``struct tcp_info``'s ``tcpi_data_segs_out`` (Linux 4.6+): segments that carried data.
+_TCPI_DATA_SEGS_OUT = 156
+
+
+def tcp_data_segments_sent(fd: int) -> int | None:
+    """How many data segments the TCP socket ``fd`` has sent (Linux), or None.
+
+    A client's ``send()`` of up to 64 kB is one segment on loopback (libpq sets TCP_NODELAY,
+    and loopback's MSS is 64 kB), so the difference over a call counts its writes to the
+    socket: what the server process is woken by and what the client spends a system call on.
+    """
+    try:
+        probe = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    with probe:
+        if probe.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        try:
+            info = probe.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
+        except OSError:
+            return None
+    if len(info) < _TCPI_DATA_SEGS_OUT + 4:
+        return None
+    return int(struct.unpack_from("I", info, _TCPI_DATA_SEGS_OUT)[0])
 
 
 @contextlib.contextmanager

@@ -77,6 +77,10 @@ class DbCost:
     round_trips_per_lease_call: float | None = None
     statements_per_completion_batch: float | None = None
     round_trips_per_completion_batch: float | None = None
+    #: Writes to the socket (``dbcost.tcp_data_segments_sent``): one per round trip is the aim.
+    sends_per_lease_call: float | None = None
+    sends_per_completion_batch: float | None = None
+    sends_per_page: float | None = None
     #: Per page = the lease call's share per grant + the batch's share per completion.
     statements_per_page: float | None = None
     round_trips_per_page: float | None = None
@@ -145,6 +149,12 @@ class DbCost:
             lease_bytes = (leased.bytes_sent or 0) + (leased.bytes_received or 0)
             done_bytes = (completed.bytes_sent or 0) + (completed.bytes_received or 0)
             self.wire_bytes_per_page = lease_bytes / leased.items + done_bytes / completed.items
+            if leased.sends is not None and completed.sends is not None:
+                self.sends_per_lease_call = leased.sends / leased.calls
+                self.sends_per_completion_batch = completed.sends / completed.calls
+                self.sends_per_page = (
+                    leased.sends / leased.items + completed.sends / completed.items
+                )
             self.slowest_in_lease = leased.slowest()
             self.slowest_in_completion = completed.slowest()
 
@@ -259,18 +269,29 @@ def _cost_lines(c: DbCost) -> list[str]:
     )
     if c.statements_per_page is not None:
         trips = c.round_trips_per_page is not None
+        sends = c.sends_per_lease_call is not None
         what = "statements / round trips" if trips else "statements (SQLite: no round trips)"
+        what += " / sends" if sends else ""
 
-        def pair(stmts: float | None, rts: float | None) -> str:
-            return f"{_fmt(stmts)} / {_fmt(rts)}" if trips else _fmt(stmts)
+        def pair(stmts: float | None, rts: float | None, sent: float | None = None) -> str:
+            if not trips:
+                return _fmt(stmts)
+            return f"{_fmt(stmts)} / {_fmt(rts)}" + (f" / {_fmt(sent)}" if sends else "")
 
+        lease_call = pair(
+            c.statements_per_lease_call, c.round_trips_per_lease_call, c.sends_per_lease_call
+        )
+        batch = pair(
+            c.statements_per_completion_batch,
+            c.round_trips_per_completion_batch,
+            c.sends_per_completion_batch,
+        )
         lines.append(
-            f"  {what}: per lease call "
-            f"{pair(c.statements_per_lease_call, c.round_trips_per_lease_call)} "
+            f"  {what}: per lease call {lease_call} "
             f"({c.counted_grants / max(c.counted_lease_calls, 1):,.0f} grants), per completion "
-            f"batch {pair(c.statements_per_completion_batch, c.round_trips_per_completion_batch)}"
+            f"batch {batch}"
             f" ({c.counted_completions / max(c.counted_completion_batches, 1):,.0f} pages), "
-            f"per page {pair(c.statements_per_page, c.round_trips_per_page)}"
+            f"per page {pair(c.statements_per_page, c.round_trips_per_page, c.sends_per_page)}"
             + (
                 f", {c.wire_bytes_per_page:,.0f} bytes on the wire per page"
                 if c.wire_bytes_per_page is not None
