@@ -67,6 +67,8 @@ try:
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
+
+    from . import pg_arrays
 except ImportError:  # the optional "postgres" extra is not installed
     psycopg = None  # type: ignore[assignment]
 
@@ -215,6 +217,8 @@ class PostgresFrontier(Scheduler):
                     f"PostgreSQL at {self._where} is version {conn.info.server_version}; the "
                     f"frontier needs {MIN_SERVER_VERSION // 10000} or newer"
                 )
+            # The batches' array parameters encoded by C-level loops (pg_arrays.py).
+            pg_arrays.register(conn)
             with conn.cursor() as cur:
                 cur.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
                 cur.execute(f"SET idle_in_transaction_session_timeout = '{_IDLE_IN_TX_TIMEOUT}'")
