@@ -8,11 +8,12 @@ item, and chooses the element type by scanning the list again; in a replay of a 
 
 ``FastListDumper`` takes over the binary dumping of ``list`` on the frontier's connection for
 the lists it can encode exactly: one element type, ``int`` (as int8), ``float`` (float8) or
-``str`` (text), with or without ``None``. The statements cast each placeholder to the column's
-type (``%b::int[]``), so an int8 array bound where the statement wants int4 is cast by the
-server, as psycopg's int2 or int4 arrays were. Anything else (empty or all-NULL lists, other or
-mixed element types, ints beyond int8, text with NUL characters) is dumped by psycopg's own
-dumper, with its own result or error.
+``str`` (text), with or without ``None``, and lists of ``None`` only (as text). The statements
+cast each placeholder to the column's type (``%b::int[]``), so an int8 array bound where the
+statement wants int4 is cast by the server, as psycopg's int2 or int4 arrays were. A column of
+few distinct values (a state, a depth, mostly NULL) encodes each value once. Anything else
+(empty lists, other or mixed element types, ints beyond int8, text with NUL characters) is
+dumped by psycopg's own dumper, with its own result or error.
 """
 
 from __future__ import annotations
@@ -43,7 +44,31 @@ _FLOAT8_OIDS = _oids("float8")
 _TEXT_OIDS = _oids("text")
 
 
+def _few(values: list[Any], distinct: set[Any], one: Any) -> bytes | None:
+    """A column of few values (a state, a kind, a depth, NULLs): each value encoded once."""
+    if len(distinct) * 4 > len(values):
+        return None
+    pieces = {v: _NULL if v is None else one(v) for v in distinct}
+    return b"".join(map(pieces.__getitem__, values))
+
+
+def _int8(v: int) -> bytes:
+    return _INT8(8, v)
+
+
+def _float8(v: float) -> bytes:
+    return _FLOAT8(8, v)
+
+
+def _text(v: str) -> bytes:
+    b = v.encode()
+    return _LENGTH(len(b)) + b
+
+
 def _ints(values: list[Any], has_null: bool) -> bytes:
+    few = _few(values, set(values), _int8)
+    if few is not None:
+        return few
     if not has_null:
         return b"".join(map(_INT8, repeat(8), values))
     return b"".join([_NULL if v is None else _INT8(8, v) for v in values])
@@ -52,19 +77,24 @@ def _ints(values: list[Any], has_null: bool) -> bytes:
 def _floats(values: list[Any], has_null: bool) -> bytes:
     if not has_null:
         return b"".join(map(_FLOAT8, repeat(8), values))
+    few = _few(values, set(values), _float8)
+    if few is not None:
+        return few
     return b"".join([_NULL if v is None else _FLOAT8(8, v) for v in values])
 
 
 def _texts(values: list[Any], has_null: bool) -> bytes:
-    distinct = set(values)
-    if len(distinct) * 4 <= len(values):
-        # A column of few values (a state, a kind, NULLs): each value encoded once.
-        pieces = {v: _NULL if v is None else _LENGTH(len(b := v.encode())) + b for v in distinct}
-        return b"".join(map(pieces.__getitem__, values))
+    few = _few(values, set(values), _text)
+    if few is not None:
+        return few
     if has_null:
-        return b"".join([_NULL if v is None else _LENGTH(len(b := v.encode())) + b for v in values])
+        return b"".join([_NULL if v is None else _text(v) for v in values])
     encoded = list(map(str.encode, values))
     return b"".join(chain.from_iterable(zip(map(_LENGTH, map(len, encoded)), encoded, strict=True)))
+
+
+def _nulls(values: list[Any], has_null: bool) -> bytes:
+    return _NULL * len(values)
 
 
 #: Element type -> (encoder, element oid, array oid).
@@ -72,6 +102,8 @@ _KINDS = {
     int: (_ints, *_INT8_OIDS),
     float: (_floats, *_FLOAT8_OIDS),
     str: (_texts, *_TEXT_OIDS),
+    # All NULL: bound as text[], which the statement's cast turns into its type's array.
+    type(None): (_nulls, *_TEXT_OIDS),
 }
 
 
@@ -110,7 +142,8 @@ def _kind(values: Any) -> type | None:
     if type(values) is not list or not values:
         return None
     types = set(map(type, values))
-    types.discard(type(None))
+    if len(types) > 1:
+        types.discard(type(None))
     if len(types) != 1:
         return None
     (kind,) = types
@@ -121,7 +154,7 @@ def _kind(values: Any) -> type | None:
     elif kind is str:
         if "\x00" in "".join([v for v in values if v is not None] if None in values else values):
             return None
-    elif kind is not float:
+    elif kind is not float and kind is not type(None):
         return None
     return kind
 
