@@ -110,14 +110,22 @@ _KINDS = {
 class FastListDumper(ListBinaryDumper):
     """psycopg's binary list dumper, with the common one-dimensional lists encoded here."""
 
+    #: The list ``get_key`` last looked at and its kind: psycopg asks ``upgrade`` about the
+    #: same list right after (once per cursor and kind), which then needs no second scan.
+    _seen: tuple[Any, type | None] = (None, None)
+
     def get_key(self, obj: list[Any], format: adapt.PyFormat) -> Any:
         kind = _kind(obj)
+        self._seen = (obj, kind)
         if kind is None:
             return super().get_key(obj, format)
         return (FastListDumper, kind)
 
     def upgrade(self, obj: list[Any], format: adapt.PyFormat) -> Any:
-        kind = _kind(obj)
+        seen, kind = self._seen
+        if seen is not obj:
+            kind = _kind(obj)
+        self._seen = (None, None)
         if kind is None:
             return super().upgrade(obj, format)
         return _ArrayOf(kind, self._tx)
