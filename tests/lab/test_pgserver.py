@@ -66,17 +66,32 @@ def test_a_frontier_rides_out_its_server_stopping_and_starting(
 ) -> None:
     (server,) = pg_servers(1)
     f = PostgresFrontier(server.dsn, retry_seconds=30)
+    failed: list[BaseException] = []
+
+    def resume() -> None:
+        try:
+            server.resume()
+        except BaseException as exc:
+            failed.append(exc)
+
+    # The timer is joined before the fixture stops the server: the frontier may connect
+    # before ``pg_ctl start -w`` has seen the server ready, and a stop in between made that
+    # pg_ctl report "could not start server" from the thread (a warning in one CI run).
+    timer = threading.Timer(1.5, resume)
     try:
         f.add([NewURL(f"http://a/p{i}", "http://a") for i in range(3)], T0)
         server.pause()  # the server is down for a while ...
-        threading.Timer(1.5, server.resume).start()
+        timer.start()
         t = time.monotonic()
         leases = f.lease("w", 3, T0, 60, HostPolicy(max_in_flight=3, delay=0.0))
         # ... and the call waited for it instead of failing: no work lost, none doubled.
         assert time.monotonic() - t >= 1.0
         assert len(leases) == 3 and f.progress(T0).leased == 3
     finally:
+        if timer.ident is not None:  # started
+            timer.join()
         f.close()
+    assert failed == [], "the server came back"
 
 
 def test_missing_binaries_are_a_clear_error(tmp_path: os.PathLike[str]) -> None:
