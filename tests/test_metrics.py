@@ -274,8 +274,11 @@ def test_private_registry_leaves_the_global_one_alone(crawl_db: str) -> None:
     collector.close()
 
 
-def test_postgres_frontier_counts_every_run(tmp_path: Path) -> None:
+def test_postgres_frontier_counts_every_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The numbers are the frontier's: two runs (as if two processes) add up on PostgreSQL."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the crawl's owner slots: none left in /tmp
     from .frontier.conftest import drop_pg_schema, pg_schema_for, require_postgres
 
     dsn = require_postgres()  # skips locally without a server; fails in CI

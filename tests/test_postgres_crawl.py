@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from idemcrawl import owner
 from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
 
@@ -92,6 +93,9 @@ def test_four_processes_on_postgres_with_kills(tmp_path: Path) -> None:
     finally:
         with psycopg.connect(PG_DSN, autocommit=True) as con:
             con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        # the crawls have exited: their owner slots in the temp directory go with the schema
+        owner.forget(db)
+    assert not os.path.exists(owner.lock_dir_for(db)), "no slot directory is left behind"
 
 
 @pytest.mark.slow

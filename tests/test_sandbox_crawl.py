@@ -250,10 +250,13 @@ def test_invalid_records_fail_their_urls_and_reparse_fixes_them(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_two_processes_on_postgres_share_requests_and_the_session(tmp_path: Path) -> None:
+def test_two_processes_on_postgres_share_requests_and_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The login spider and the catalogue+search spider, two processes each on one PostgreSQL
     schema, one of them killed mid-crawl: the specs and the cookie jar live in the database, so
     whichever process leases a URL fetches it the way it was asked for, with the session."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the crawls' owner slots: none left in /tmp
     from .frontier.conftest import PG_DSN, require_postgres
 
     require_postgres()  # skips locally without a server; fails in CI

@@ -54,8 +54,9 @@ def _crawl(seeds: list[str], db: str, cfg: Path) -> subprocess.Popen[str]:
 
 
 def test_crawl_processes_share_a_partitioned_crawl(
-    fleet_servers: list[Any], tmp_path: Path
+    fleet_servers: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the crawls' owner slots: none left in /tmp
     dbs = [f"{s.dsn}?schema=fleet_e2e" for s in fleet_servers]
     init = run_cli("db", "init", "--partitions", "8", *(x for d in dbs for x in ("--db", d)))
     assert init.returncode == 0, init.stderr
