@@ -9,7 +9,8 @@ BEGIN goes out with the first statement, and writes whose result nobody reads wi
 statement or COMMIT, ``PgStore._defer``), whatever their size (issue 14): URL inserts
 (their hosts' ids read once per host first, schema 6), level 2 for all planned hosts (one
 ``LATERAL`` statement), the grants, the fenced completion update, host updates, record upserts and
-events. Arrays are bound in binary. The connection, transactions and retries are
+events. Arrays are bound in binary (``pg_arrays.py``), and a pipeline's statements reach the
+socket in one write (``pipeline_sending_once``). The connection, transactions and retries are
 ``postgres.py``'s.
 """
 
@@ -401,11 +402,13 @@ def pipeline_sending_once(conn: Any) -> Iterator[Any]:
 
     psycopg flushes libpq's buffer after every statement it queues in a pipeline. Each flush is
     a ``send()`` on the socket, made with the GIL held (the event loop waits for it), and each
-    wakes the server process for a message or two: a commit of 6 statements was 8-10 sends. A
-    20,000-page PostgreSQL crawl made 13,377 sends for ~3,500 round trips; with this 4,806
-    (``strace -c``), and in a micro-benchmark a pipeline of 11 statements cost the client
-    243 µs of CPU instead of 587 and the server 85 µs instead of 309 (docs/benchmarks.md,
-    session 17). libpq still sends on its own once its buffer passes 8 kB.
+    wakes the server process for a message or two: a commit of 11 statements in 3 round trips
+    was 17 sends. A 20,000-page PostgreSQL crawl made 13,377 sends for ~3,500 round trips;
+    with this 4,806 (``strace -c``), and in a micro-benchmark a pipeline of 11 statements cost
+    the client 243 µs of CPU instead of 587 and the server 85 µs instead of 309
+    (docs/benchmarks.md, session 17). libpq still sends on its own once its buffer passes 8 kB.
+    This replaces a method of psycopg's pipeline (``_SEND`` says whether the installed psycopg
+    has it as expected; docs/decisions.md).
     """
     with conn.pipeline() as pipeline:
         if _SEND is not None:
