@@ -41,6 +41,7 @@ CASES = [
     ([5, None, 7, None], "bigint"),
     ([1.5, -0.0, math.inf, -math.inf, 1e300, 5e-324], "float8"),
     ([0.25, None], "float8"),
+    ([0.0, -0.0, None] * 10, "float8"),  # the sign of zero kept
     (["http://a.test/p?q=1", "", "é", "日本語", "emoji \U0001f600", "x" * 5000], "text"),
     (["queued"] * 40 + [None] * 20, "text"),  # few distinct values: each encoded once
     ([None, "leased", "queued", "leased"] * 10, "text"),
@@ -60,7 +61,9 @@ def test_encoded_arrays_read_back_as_psycopg_s(conns, values: list[Any], cast: s
 
     fast, own = conns
     assert _kind(values) is not None, "the fast path encodes this list"
-    assert _back(fast, values, cast) == _back(own, values, cast) == values
+    got = _back(fast, values, cast)
+    assert got == _back(own, values, cast) == values
+    assert [repr(v) for v in got] == [repr(v) for v in values]  # -0.0 is not 0.0
 
 
 def test_nan_reads_back_as_nan(conns) -> None:  # type: ignore[no-untyped-def]

@@ -56,10 +56,6 @@ def _int8(v: int) -> bytes:
     return _INT8(8, v)
 
 
-def _float8(v: float) -> bytes:
-    return _FLOAT8(8, v)
-
-
 def _text(v: str) -> bytes:
     b = v.encode()
     return _LENGTH(len(b)) + b
@@ -75,11 +71,9 @@ def _ints(values: list[Any], has_null: bool) -> bytes:
 
 
 def _floats(values: list[Any], has_null: bool) -> bytes:
+    # No encoding per distinct value: 0.0 and -0.0 are one key of a dict.
     if not has_null:
         return b"".join(map(_FLOAT8, repeat(8), values))
-    few = _few(values, set(values), _float8)
-    if few is not None:
-        return few
     return b"".join([_NULL if v is None else _FLOAT8(8, v) for v in values])
 
 
