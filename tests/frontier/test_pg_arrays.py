@@ -112,16 +112,17 @@ def test_mixed_lists_and_nul_characters_fail_as_with_psycopg(conns) -> None:  # 
         assert errors[0] is errors[1], values
 
 
-def test_the_frontier_s_connection_encodes_its_lists_here(conns, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_frontier_s_connection_encodes_its_lists_here(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dsn = require_postgres()
     from psycopg.adapt import PyFormat
 
     from idemcrawl.frontier.pg_arrays import FastListDumper
     from idemcrawl.frontier.postgres import PostgresFrontier
 
-    from .conftest import drop_pg_schema
+    from .conftest import drop_pg_schema, pg_schema_for
 
-    schema = "t_arrays_" + tmp_path.name[-12:].lower().replace("-", "_")
-    f = PostgresFrontier(require_postgres(), schema=schema)
+    schema = pg_schema_for(tmp_path)
+    f = PostgresFrontier(dsn, schema=schema)
     try:
         conn = f._ensure_connection()
         assert conn.adapters.get_dumper(list, PyFormat.BINARY) is FastListDumper

@@ -44,8 +44,9 @@ _FLOAT8_OIDS = _oids("float8")
 _TEXT_OIDS = _oids("text")
 
 
-def _few(values: list[Any], distinct: set[Any], one: Any) -> bytes | None:
+def _few(values: list[Any], one: Any) -> bytes | None:
     """A column of few values (a state, a kind, a depth, NULLs): each value encoded once."""
+    distinct = set(values)
     if len(distinct) * 4 > len(values):
         return None
     pieces = {v: _NULL if v is None else one(v) for v in distinct}
@@ -62,7 +63,7 @@ def _text(v: str) -> bytes:
 
 
 def _ints(values: list[Any], has_null: bool) -> bytes:
-    few = _few(values, set(values), _int8)
+    few = _few(values, _int8)
     if few is not None:
         return few
     if not has_null:
@@ -78,7 +79,7 @@ def _floats(values: list[Any], has_null: bool) -> bytes:
 
 
 def _texts(values: list[Any], has_null: bool) -> bytes:
-    few = _few(values, set(values), _text)
+    few = _few(values, _text)
     if few is not None:
         return few
     if has_null:
