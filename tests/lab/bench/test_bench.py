@@ -299,6 +299,51 @@ def test_run_bench_on_postgresql_uses_a_fresh_schema_per_run(
     assert gone == [True, True], "and its crawl's owner slots in the temp directory"
 
 
+def test_compare_sqlite_runs_idemcrawl_on_sqlite_beside_a_postgresql_crawl() -> None:
+    dsn = "postgresql://u@h/b"
+    with pytest.raises(bench.BenchError, match="--db is SQLite already"):
+        BenchOptions(compare=("sqlite",)).validate()
+    with pytest.raises(bench.BenchError, match="known: scrapy, bare, sqlite"):
+        BenchOptions(db=dsn, compare=("sqlite", "wget")).validate()
+    opts = BenchOptions(db=dsn, compare=("sqlite", "bare"), benchmarks_dir=str(BENCHMARKS))
+    opts.validate()
+    assert bench.plan_tools(opts) == (["idemcrawl", "sqlite", "bare"], {})
+    assert "--compare sqlite,bare" in opts.command_line()
+    sqlite_db = bench._db_for(opts, Path("/scratch"), "r1_sqlite", "sqlite")
+    assert sqlite_db == str(Path("/scratch") / "idemcrawl-r1_sqlite.db")
+    assert bench._db_for(opts, Path("/scratch"), "r1_idemcrawl").startswith(dsn + "?schema=")
+    seeds = ["http://127.0.0.1:1/p/0"]
+    cmd = bench.tool_command("sqlite", seeds, opts, sqlite_db, Path("o"))
+    assert cmd == bench.tool_command("idemcrawl", seeds, opts, sqlite_db, Path("o"))
+    assert cmd[cmd.index("--db") + 1] == sqlite_db
+    assert bench._items("sqlite", '{"records": 7}') == 7
+
+
+@pytest.mark.slow
+def test_run_bench_compare_sqlite_reports_the_backends_ratio_per_round() -> None:
+    from tests.frontier.conftest import PG_DSN, require_postgres
+
+    require_postgres()
+    opts = BenchOptions(
+        hosts=1, pages=10, page_kb=2, links=4, db=PG_DSN, compare=("sqlite",), runs=2
+    )
+    report = run_bench(opts)
+    assert [(r.round, r.tool) for r in report.runs] == [
+        (1, "idemcrawl"), (1, "sqlite"), (2, "idemcrawl"), (2, "sqlite"),
+    ]  # fmt: skip
+    assert [(r.ok, r.pages, r.robots, r.items) for r in report.runs] == [(True, 10, 1, 10)] * 4
+    # The server's CPU is the PostgreSQL runs' only; the SQLite runs have none to read.
+    assert [r.server_cpu_s is not None for r in report.runs] == [True, False, True, False]
+    assert all(r.source for r in report.runs), "both are idemcrawl's code"
+    mine, theirs = report.tool_runs("idemcrawl"), report.tool_runs("sqlite")
+    per_round = sorted(a.pages_per_s / b.pages_per_s for a, b in zip(mine, theirs, strict=True))
+    ratio = report.ratios()["idemcrawl/sqlite"]["pages_per_s"]
+    assert ratio == pytest.approx(sum(per_round) / 2)
+    text = report.text()
+    assert "| idemcrawl/sqlite |" in text and "| sqlite |" in text
+    assert "idemcrawl/sqlite compares the two backends" in text
+
+
 def test_server_cpu_counts_the_server_s_work_during_the_run_only() -> None:
     """The server's CPU between start and stop, read at those two instants: the work of a
     connection that opens and closes in between (its backend reaped by the postmaster) counts,

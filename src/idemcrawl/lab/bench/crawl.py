@@ -73,6 +73,7 @@ from .site import SiteSpec, StaticSite
 
 __all__ = [
     "COMPARATORS",
+    "KNOWN_COMPARATORS",
     "BenchError",
     "BenchOptions",
     "BenchReport",
@@ -86,7 +87,15 @@ __all__ = [
 ]
 
 COMPARATORS: Final = ("scrapy", "bare")
-TOOLS: Final = ("idemcrawl", *COMPARATORS)
+#: ``--compare sqlite``: idemcrawl again, on a fresh SQLite file, beside a ``--db
+#: postgresql://`` crawl. Its rounds interleave with the PostgreSQL ones, so the ratio
+#: idemcrawl/sqlite (issue 14's line: >= 0.9x) compares crawls of the same minutes; runs made
+#: as two invocations minutes apart differed by up to 20 % on this machine from its load alone.
+SQLITE: Final = "sqlite"
+KNOWN_COMPARATORS: Final = (*COMPARATORS, SQLITE)
+TOOLS: Final = ("idemcrawl", SQLITE, *COMPARATORS)
+#: The tools that are idemcrawl itself (its command, its output, its source fingerprint).
+IDEMCRAWL_TOOLS: Final = ("idemcrawl", SQLITE)
 #: Same caps for every tool: requests in flight overall and per host (host = host:port).
 CONCURRENCY: Final = 64
 HOST_CONCURRENCY: Final = 8
@@ -158,9 +167,16 @@ class BenchOptions:
             problems.append("--links must be >= 2 with several hosts")
         if self.runs < 1:
             problems.append("--runs must be >= 1")
-        unknown = [c for c in self.compare if c not in COMPARATORS]
+        unknown = [c for c in self.compare if c not in KNOWN_COMPARATORS]
         if unknown:
-            problems.append(f"--compare: unknown {', '.join(unknown)} (known: scrapy, bare)")
+            problems.append(
+                f"--compare: unknown {', '.join(unknown)} (known: {', '.join(KNOWN_COMPARATORS)})"
+            )
+        if SQLITE in self.compare and not _is_dsn(self.db):
+            problems.append(
+                "--compare sqlite runs the same crawl on SQLite beside a --db postgresql://... "
+                "one; here --db is SQLite already"
+            )
         if self.server not in ("auto", "nginx", "aiohttp"):
             problems.append("--server must be auto, nginx or aiohttp")
         if not _is_dsn(self.db) and self.db != "sqlite" and not os.path.isdir(self.db):
@@ -461,6 +477,12 @@ class BenchReport:
             "processes, read from /proc at the start and the end of the run; a server of "
             "this machine only).",
         ]
+        if SQLITE in self.tools:
+            lines[-1] += (
+                " sqlite: idemcrawl again, on a fresh SQLite file, in every round beside the --db "
+                "crawl; idemcrawl/sqlite compares the two backends in the same "
+                "minutes."
+            )
         if self.instructions is not None:
             lines += ["", *self.instructions.markdown()]
         return "\n".join(lines) + "\n"
@@ -752,6 +774,9 @@ def plan_tools(opts: BenchOptions) -> tuple[list[str], dict[str, str]]:
     tools, skipped = ["idemcrawl"], {}
     scripts = {"bare": "bare_crawler.py", "scrapy": "scrapy_spider.py"}
     for name in dict.fromkeys(opts.compare):
+        if name == SQLITE:
+            tools.append(name)
+            continue
         script = benchmarks_dir(opts) / scripts[name]
         if name == "scrapy" and not scrapy_available():
             skipped[name] = "scrapy not installed (pip install 'idemcrawl[bench]')"
@@ -769,10 +794,13 @@ def _with_schema(dsn: str, schema: str) -> str:
     return urlunsplit(parts._replace(query=urlencode([*query, ("schema", schema)])))
 
 
-def _db_for(opts: BenchOptions, scratch: Path, run_id: str) -> str:
-    if _is_dsn(opts.db):
-        return _with_schema(opts.db, f"bench_crawl_{uuid.uuid4().hex[:8]}_{run_id}")
-    base = scratch if opts.db == "sqlite" else Path(opts.db)
+def _db_for(opts: BenchOptions, scratch: Path, run_id: str, tool: str = "idemcrawl") -> str:
+    """A fresh store for one run: a new schema on ``--db``'s server, or a new SQLite file (in
+    ``--db``'s directory, else in ``scratch``; always in ``scratch`` for the sqlite tool)."""
+    db = "sqlite" if tool == SQLITE else opts.db
+    if _is_dsn(db):
+        return _with_schema(db, f"bench_crawl_{uuid.uuid4().hex[:8]}_{run_id}")
+    base = scratch if db == "sqlite" else Path(db)
     path = base / f"idemcrawl-{run_id}.db"
     for suffix in ("", "-wal", "-shm", ".lock"):
         with contextlib.suppress(FileNotFoundError):
@@ -783,7 +811,7 @@ def _db_for(opts: BenchOptions, scratch: Path, run_id: str) -> str:
 def tool_command(
     tool: str, seeds: Sequence[str], opts: BenchOptions, db: str, out: Path
 ) -> list[str]:
-    if tool == "idemcrawl":
+    if tool in IDEMCRAWL_TOOLS:
         return [
             sys.executable, "-m", "idemcrawl", "crawl", *seeds,
             "--db", db,
@@ -811,7 +839,7 @@ def _items(tool: str, stdout: str) -> int | None:
     for line in reversed(stdout.strip().splitlines()):
         with contextlib.suppress(ValueError):
             data = json.loads(line)
-            value = data.get("records" if tool == "idemcrawl" else "items")
+            value = data.get("records" if tool in IDEMCRAWL_TOOLS else "items")
             return int(value) if value is not None else None
     return None
 
@@ -917,7 +945,7 @@ def _timed_rounds(
         for rnd in range(1, opts.runs + 1):
             for tool in tools:
                 run_id = f"r{rnd}_{tool}"
-                db = _db_for(opts, scratch, run_id)
+                db = _db_for(opts, scratch, run_id, tool)
                 items_out = scratch / f"{run_id}.items.jsonl"
                 cmd = tool_command(tool, site.seeds, opts, db, items_out)
                 source = source_fingerprint(sources)
@@ -956,7 +984,7 @@ def _timed_rounds(
                     exit_code=m.exit_code,
                     other_cpu_s=m.other_cpu_s,
                     server_cpu_s=m.server_cpu_s,
-                    source=source if tool == "idemcrawl" else None,
+                    source=source if tool in IDEMCRAWL_TOOLS else None,
                 )
                 report.runs.append(result)
                 rss = _fmt(result.peak_rss_mb, 0)
@@ -991,7 +1019,7 @@ def _count_instructions(
     def command_for(
         tool: str, seeds: Sequence[str], run_id: str
     ) -> tuple[list[str], Callable[[], None]]:
-        db = _db_for(opts, scratch, run_id)
+        db = _db_for(opts, scratch, run_id, tool)
         items_out = scratch / f"{run_id}.items.jsonl"
 
         def cleanup() -> None:
@@ -1043,7 +1071,9 @@ def add_bench_crawl_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compare",
         default="scrapy,bare",
-        help="comparators, comma-separated: scrapy, bare, or 'none' (default scrapy,bare)",
+        help="comparators, comma-separated: scrapy, bare, sqlite (with --db postgresql://...: "
+        "the same crawl on SQLite, interleaved; idemcrawl/sqlite is the backends' ratio), or "
+        "'none' (default scrapy,bare)",
     )
     p.add_argument("--runs", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument(
