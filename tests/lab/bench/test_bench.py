@@ -339,6 +339,9 @@ def test_run_bench_compare_sqlite_reports_the_backends_ratio_per_round() -> None
     per_round = sorted(a.pages_per_s / b.pages_per_s for a, b in zip(mine, theirs, strict=True))
     ratio = report.ratios()["idemcrawl/sqlite"]["pages_per_s"]
     assert ratio == pytest.approx(sum(per_round) / 2)
+    cpu = report.ratios()["idemcrawl/sqlite"]
+    assert cpu["cpu_with_db_s"] is not None and cpu["cpu_s"] is not None
+    assert cpu["cpu_with_db_s"] > cpu["cpu_s"], "the server's CPU counts on PostgreSQL's side"
     text = report.text()
     assert "| idemcrawl/sqlite |" in text and "| sqlite |" in text
     assert "idemcrawl/sqlite compares the two backends" in text
@@ -429,6 +432,34 @@ def test_report_medians_ratios_and_warnings() -> None:
     assert "aaa in round 1, bbb in round 2" in text
     assert "busy during 1 of 3 runs" in text  # one run could not be measured
     assert "| idemcrawl/bare | 0.19x |" in text
+
+
+def test_ratios_on_a_server_add_the_server_s_cpu_to_idemcrawl_s() -> None:
+    opts = BenchOptions(db="postgresql://u@h/b", compare=("sqlite", "bare"), runs=2)
+    report = BenchReport(opts, "idemcrawl bench crawl", "nginx", {})
+    report.runs = [
+        _run("idemcrawl", 1, server_cpu_s=1.0),  # 9 CPU s in the tree, 1 in the server
+        _run("sqlite", 1),
+        _run("bare", 1, cpu_user_s=2.0),
+        _run("idemcrawl", 2, server_cpu_s=3.0),
+        _run("sqlite", 2),
+        _run("bare", 2, cpu_user_s=2.0),
+    ]
+    ratios = report.ratios()
+    assert ratios["idemcrawl/sqlite"]["cpu_s"] == pytest.approx(1.0)
+    assert ratios["idemcrawl/sqlite"]["cpu_with_db_s"] == pytest.approx((10 / 9 + 12 / 9) / 2)
+    assert ratios["idemcrawl/bare"]["cpu_with_db_s"] == pytest.approx((10 / 3 + 12 / 3) / 2)
+    text = report.text()
+    assert "| peak RSS | CPU s with the database server |" in text
+    assert "| idemcrawl/sqlite | 1.00x | 1.00x | 1.00x | 1.00x | 1.22x |" in text
+    # A server whose CPU could not be read (not this machine's): no figure, not a wrong one.
+    report.runs[0].server_cpu_s = report.runs[3].server_cpu_s = None
+    assert report.ratios()["idemcrawl/sqlite"]["cpu_with_db_s"] is None
+    # On SQLite there is no server: the column is not there.
+    local = BenchReport(BenchOptions(compare=("bare",)), "c", "nginx", {})
+    local.runs = [_run("idemcrawl", 1), _run("bare", 1)]
+    assert "cpu_with_db_s" not in local.ratios()["idemcrawl/bare"]
+    assert "with the database server" not in local.text()
 
 
 def test_pyspy_summary_groups_roles_and_skips_waits(tmp_path: Path) -> None:
