@@ -433,14 +433,6 @@ def _send_at_sync(pipeline: Any) -> Any:
         yield from pipeline._fetch_gen(flush=False)
 
 
-def _lock_order(keys: Iterable[str], read: Iterable[str]) -> tuple[set[str], list[str]]:
-    """The hosts whose rows a lock returns (``read``), and every host it locks (``keys`` and
-    ``read``) in key order: writers that lock the same hosts take them in one order, so that
-    two of them cannot each hold a lock the other waits for."""
-    wanted = set(read)
-    return wanted, sorted(set(keys) | wanted)
-
-
 class _Cursor:
     """The transaction's cursor as the store's statements see it: a statement first sends the
     writes the store deferred (``PgStore._defer``) and the transaction's BEGIN, in the same
@@ -626,7 +618,7 @@ class PgStore(SQLStore):
     ) -> dict[str, HostRow]:
         """``SQLStore.lock_hosts`` (in key order, one statement), keeping the ids of every
         host it locked for ``host_ids``."""
-        wanted, ordered = _lock_order(keys, read)
+        wanted, ordered = self._lock_order(keys, read)
         if not ordered:
             return {}
         lock = "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
@@ -769,7 +761,7 @@ class PgStore(SQLStore):
     ) -> tuple[dict[str, HostRow], list[bool]]:
         """The lock of the hosts (``lock_hosts``) and the fence in one pipeline: one round
         trip; the lock still runs first (every writer locks its hosts before its URLs)."""
-        wanted, ordered = _lock_order(keys, read)
+        wanted, ordered = self._lock_order(keys, read)
         # Cursors of their own: their rows are read after the pipeline.
         conn = self._raw.connection
         locked = conn.cursor() if ordered else None

@@ -205,11 +205,18 @@ class SQLStore:
 
     # -- hosts ---------------------------------------------------------------------------------
 
+    def _lock_order(self, keys: Iterable[str], read: Iterable[str]) -> tuple[set[str], list[str]]:
+        """The hosts whose rows a lock returns (``read``), and every host it locks in key order
+        (``keys`` and ``read`` with row locks; SQLite's write lock covers the file, so only
+        ``read``): writers that lock the same hosts take them in one order, so that two of them
+        cannot each hold a lock the other waits for."""
+        wanted = set(read)
+        return wanted, sorted(set(keys) | wanted if self.dialect.row_locks else wanted)
+
     def lock_hosts(
         self, keys: Iterable[str], *, read: Iterable[str] = (), skip_locked: bool = False
     ) -> dict[str, HostRow]:
-        wanted = set(read)
-        ordered = sorted(set(keys) | wanted if self.dialect.row_locks else wanted)
+        wanted, ordered = self._lock_order(keys, read)
         out: dict[str, HostRow] = {}
         if not ordered:
             return out
