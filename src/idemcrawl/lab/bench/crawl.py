@@ -351,14 +351,21 @@ class BenchReport:
         return _is_dsn(self.options.db)
 
     def _metric(self, r: RunResult, name: str) -> float | None:
-        if name != "cpu_with_db_s":
-            return _metric(r, name)
-        # The CPU a page costs the machine: the tool's processes, and for idemcrawl on a
-        # server the server's too (SQLite's engine runs inside the crawl; the comparators keep
-        # no database). Unknown when that server's CPU could not be read (not this machine's).
-        if r.tool == "idemcrawl" and self._server_db:
-            return None if r.server_cpu_s is None else r.cpu_s + r.server_cpu_s
-        return r.cpu_s
+        if name == "pages_per_s":
+            return r.pages_per_s
+        if name == "cpu_s":
+            return r.cpu_s
+        if name == "cpu_ms_per_page":
+            return r.cpu_ms_per_page
+        if name == "cpu_with_db_s":
+            # The CPU a page costs the machine: the tool's processes, and for idemcrawl on a
+            # server the server's too (SQLite's engine runs inside the crawl; the comparators
+            # keep no database). Unknown when that server's CPU could not be read (not this
+            # machine's).
+            if r.tool == "idemcrawl" and self._server_db:
+                return None if r.server_cpu_s is None else r.cpu_s + r.server_cpu_s
+            return r.cpu_s
+        return r.peak_rss_mb
 
     def _warnings(self) -> list[str]:
         rounds: dict[str, list[str]] = {}
@@ -514,16 +521,6 @@ class BenchReport:
 
 
 _RATIO_METRICS: Final = ("pages_per_s", "cpu_s", "cpu_ms_per_page", "peak_rss_mb")
-
-
-def _metric(r: RunResult, name: str) -> float | None:
-    if name == "pages_per_s":
-        return r.pages_per_s
-    if name == "cpu_s":
-        return r.cpu_s
-    if name == "cpu_ms_per_page":
-        return r.cpu_ms_per_page
-    return r.peak_rss_mb
 
 
 def _median(values: Sequence[float | int]) -> float | None:
