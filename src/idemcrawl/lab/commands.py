@@ -72,7 +72,8 @@ def add_parsers(sub: Any) -> None:
 
     k = sub.add_parser(
         "chaos",
-        help="the kill test: SIGKILL crawls mid-way, compare to naive",
+        help="the kill test: SIGKILL crawls mid-way, compare to naive; 'chaos --fleet' "
+        "runs a partitioned crawl under member kills and a server crash",
         description="Reproduce the article's experiment: kill a crawl at a random "
         "moment after its first request, several times, then let it finish; for "
         "a naive scraper and for idemcrawl. Exits 1 if idemcrawl misses its "
@@ -196,11 +197,20 @@ def add_parsers(sub: Any) -> None:
 
 
 def run_own_parser(argv: Sequence[str]) -> int | None:
-    """Run ``bench crawl`` or ``sim``, which parse their own (many) options; else None."""
+    """Run ``bench crawl``, ``chaos --fleet`` or ``sim``, which parse their own (many)
+    options; else None."""
     if list(argv[:2]) == ["bench", "crawl"]:
         from idemcrawl.lab.bench.crawl import main as bench_crawl_main
 
         return bench_crawl_main(argv[2:])
+    if list(argv[:2]) == ["chaos", "--fleet"]:
+        from idemcrawl.lab.fleet_chaos import main as fleet_chaos_main
+
+        try:
+            return fleet_chaos_main(argv[2:])
+        except (ValueError, RuntimeError) as exc:
+            print(f"idemcrawl chaos --fleet: error: {exc}", file=sys.stderr)
+            return 2
     if list(argv[:2]) == ["sim", "--fleet"]:
         from idemcrawl.lab.fleet_sim import main as fleet_sim_main
 

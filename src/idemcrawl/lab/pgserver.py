@@ -79,12 +79,18 @@ def _free_port() -> int:
 class PgServer:
     """One PostgreSQL server of its own: ``start()``, then ``dsn``; ``stop()`` removes it all."""
 
-    def __init__(self, bin_dir: Path | None = None, *, port: int | None = None) -> None:
+    def __init__(
+        self, bin_dir: Path | None = None, *, port: int | None = None, durable: bool = False
+    ) -> None:
         found = bin_dir or find_bin_dir()
         if found is None:
             raise PgServerError("no PostgreSQL server binaries (initdb, pg_ctl) on this machine")
         self.bin_dir = found
         self.port = port or _free_port()
+        #: ``durable=True`` keeps PostgreSQL's default fsync and synchronous commit, for tests
+        #: that crash the server (``crash()``): without them a crash may lose commits the
+        #: clients were told succeeded, which no frontier can survive.
+        self.durable = durable
         self.root: Path | None = None
         self._user: str | None = None
 
@@ -122,15 +128,7 @@ class PgServer:
                 "initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
                 "--no-sync", "-E", "UTF8", "--locale=C",
             )  # fmt: skip
-            options = (
-                f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                "-c max_connections=60 -c shared_buffers=32MB"
-            )
-            self._run(
-                "pg_ctl", "-D", str(self.data_dir), "-o", options, "-l",
-                str(self.root / "server.log"), "-w", "-t", "60", "start",
-            )  # fmt: skip
+            self.resume()
         except BaseException:
             self._remove()
             raise
@@ -148,12 +146,19 @@ class PgServer:
         """Stop the server but keep its data: ``resume()`` starts it again (outage tests)."""
         self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
 
+    def crash(self) -> None:
+        """Kill the server as a crash would (``pg_ctl stop -m immediate``: no checkpoint, no
+        goodbye to clients) but keep its data: ``resume()`` starts it with crash recovery."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+
     def resume(self) -> None:
+        """Start the server on its data directory (after ``pause()`` or ``crash()``)."""
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
             "-c max_connections=60 -c shared_buffers=32MB"
         )
+        if not self.durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run(
             "pg_ctl", "-D", str(self.data_dir), "-o", options, "-l",
             str(self.data_dir.parent / "server.log"), "-w", "-t", "60", "start",

@@ -43,6 +43,7 @@ __all__ = [
     "HostSpec",
     "LogEntry",
     "MultiHostServer",
+    "cross_host_links",
     "default_hosts",
     "page_links",
     "robots_txt",
@@ -161,6 +162,25 @@ def page_links(spec: HostSpec, n: int) -> list[str]:
     return links
 
 
+def cross_host_links(bases: Sequence[str], specs: Sequence[HostSpec], i: int, n: int) -> list[str]:
+    """Absolute URLs linked from host ``i``'s ``/p/{n}`` on a cross-linked site.
+
+    Page ``n`` links to page ``n`` of the next host (when it has one), and each host's home
+    (``/p/0``) also to the home of the host half-way round: with one seed, every other host is
+    found only through links from other hosts, which in a partitioned crawl live in other
+    partitions. Public so a test can compute the expected crawl offline.
+    """
+    count = len(bases)
+    if count < 2:
+        return []
+    nxt = (i + 1) % count
+    links = [f"{bases[nxt]}/p/{n}"] if n < specs[nxt].pages else []
+    far = (i + count // 2) % count
+    if n == 0 and far not in (i, nxt):
+        links.append(f"{bases[far]}/p/0")
+    return links
+
+
 class LogEntry(TypedDict):
     """One logged request; ``start``/``end`` are ``time.monotonic()`` seconds."""
 
@@ -185,6 +205,8 @@ class _SiteState:
     in_flight: dict[str, int] = field(default_factory=dict)
     paths: dict[str, dict[str, int]] = field(default_factory=dict)
     hits: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Set once every host is bound, for a cross-linked site: base URLs and specs in order.
+    cross: tuple[list[str], list[HostSpec]] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def register(self, base_url: str, name: str) -> None:
@@ -382,8 +404,13 @@ async def _ring_page(request: web.Request) -> web.StreamResponse:
     n = _page_number(request.match_info["n"], spec)
     if n is None:
         return _not_found()
+    hrefs = page_links(spec, n)
+    cross = request.app[STATE_KEY].cross
+    if cross is not None:
+        bases, specs = cross
+        hrefs += cross_host_links(bases, specs, bases.index(request.app[HOST_KEY].base_url), n)
     items = "\n".join(
-        f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in page_links(spec, n)
+        f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in hrefs
     )
     body = f"<h1>{html.escape(spec.name)}: page {n}</h1>\n<ul>\n{items}\n</ul>"
     return _html(_page(f"{spec.name} page {n}", body))
@@ -471,7 +498,13 @@ class MultiHostServer(ThreadedServer):
     label = "multi-host server"
     shutdown_timeout = _SHUTDOWN_TIMEOUT
 
-    def __init__(self, specs: Sequence[HostSpec] | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        specs: Sequence[HostSpec] | None = None,
+        host: str = "127.0.0.1",
+        *,
+        cross_links: bool = False,
+    ) -> None:
         specs = tuple(specs if specs is not None else default_hosts())
         if not specs:
             raise ValueError("at least one HostSpec is required")
@@ -480,6 +513,7 @@ class MultiHostServer(ThreadedServer):
             raise ValueError(f"host names must be unique: {names}")
         super().__init__(host, 0)
         self.specs: tuple[HostSpec, ...] = specs
+        self.cross_links = cross_links
         self._state = _SiteState()
 
     async def open(self) -> list[web.AppRunner]:
@@ -502,6 +536,9 @@ class MultiHostServer(ThreadedServer):
                 runners.append(await start_app(app, [sock], shutdown_timeout=self.shutdown_timeout))
                 self._state.register(base_url, spec.name)
                 self._bound(port)
+            if self.cross_links:
+                bases = list(self._state.hosts)
+                self._state.cross = (bases, list(self.specs))
         except BaseException:
             await cleanup(runners)
             raise
