@@ -480,8 +480,8 @@ class TestParser:
             NewURL(f"{SHOP}/dir/sub/x?q=1", SHOP, depth=2),
             NewURL(f"{SHOP}/c", SHOP, depth=2),
         ]
-        # Page.links already filtered scope, so nothing is left to reject here.
-        assert result.rejected == {}
+        # Page.links filtered scope and counted what it left out (two other hosts' links)
+        assert result.rejected == {"out_of_scope": 2}
 
 
 # -- load_spider ------------------------------------------------------------------------------

@@ -371,7 +371,7 @@ def cmd_crawl(a: argparse.Namespace) -> int:
             f"records written {summary.records}, failed {summary.failed} in "
             f"{summary.seconds:.1f} s"
         )
-        for line in work_left_lines(summary):
+        for line in work_left_lines(summary) + summary.scope_lines(cfg.scope):
             print(line)
     if summary.fatal:
         print(f"idemcrawl crawl: error: {summary.fatal}; rerun to resume", file=sys.stderr)

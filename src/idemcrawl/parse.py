@@ -342,6 +342,9 @@ class Page:
         #: What :meth:`links` returned, with each URL's host key: normalised and in scope
         #: already, so the parser does not redo that when the spider yields them.
         self._checked_links: dict[str, str] = {}
+        #: What :meth:`links` left out as out of scope, counted with the page's rejections so
+        #: a crawl can say what it did not follow.
+        self._out_of_scope: set[str] = set()
 
     @property
     def method(self) -> str:
@@ -505,8 +508,11 @@ class Page:
         origin_ok = bool(origin) and urls.in_scope(origin + "/", scope_hosts, scope)
         for href, u in zip(hrefs, plain, strict=True):
             if u is not None:
-                if origin_ok and u not in out:
-                    out[u] = origin
+                if origin_ok:
+                    if u not in out:
+                        out[u] = origin
+                else:
+                    self._out_of_scope.add(u)
                 continue
             if not href:
                 continue
@@ -522,6 +528,8 @@ class Page:
                 ok = scoped[hk] = urls.in_scope(u, scope_hosts, scope)
             if ok:
                 out[u] = hk
+            else:
+                self._out_of_scope.add(u)
         self._checked_links.update(out)
         return list(out)
 
@@ -1197,6 +1205,9 @@ class Parser:
                         f"spider yielded {type(item).__name__}; "
                         "expected Record, Request, Link, Download or str"
                     )
+            if page._out_of_scope:
+                dropped = len(page._out_of_scope)
+                result.rejected["out_of_scope"] = result.rejected.get("out_of_scope", 0) + dropped
             if page.is_html:
                 result.canonical = _canonical_hint(page)
                 if self.requisites and job.kind == PAGE:

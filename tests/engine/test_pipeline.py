@@ -148,7 +148,8 @@ def test_a_page_becomes_a_completion_with_its_links_and_next_visit(
     assert out.status == 200 and out.fetched_at == clock.now and out.changed
     assert sorted(u.url for u in out.links) == [f"{HOST}/about", f"{HOST}/p1"]
     assert all(u.depth == 1 for u in out.links)
-    assert out.rejections == {}  # page.links() leaves out-of-scope links out itself
+    # page.links() leaves the out-of-scope link out, and the page counts it (issue 36)
+    assert out.rejections == {"out_of_scope": 1}
     assert out.content_hash == "x3:" + xxhash.xxh3_128_hexdigest(body.encode())
     assert out.revisit_interval is not None
     assert out.next_fetch_at == clock.now + out.revisit_interval

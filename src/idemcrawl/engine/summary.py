@@ -53,6 +53,19 @@ class CrawlSummary:
             return SIGNAL_STATUS[self.stopped_by]
         return 0 if self.complete else 3
 
+    def scope_lines(self, scope: str) -> list[str]:
+        """Links this run left out of the crawl's scope, and how to follow them: a crawl
+        from one seed of a site that links to other hosts must not end quietly with a
+        fraction of what the user meant (issue 36)."""
+        n = self.links_rejected.get("out_of_scope", 0)
+        if not n:
+            return []
+        kept = {"host": "the seeds' hosts", "domain": "the seeds' sites"}.get(scope, scope)
+        return [
+            f"links out of scope: {n} not followed (--scope {scope} keeps to {kept}); "
+            "--scope domain or --scope any follows links to other hosts"
+        ]
+
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
