@@ -340,3 +340,55 @@ def test_allowed_domains_make_the_default_scope_any(
     plain = _spider(monkeypatch)
     assert layered_config(None, {"db": db, "seeds": [SEED], "spider": plain}).scope == "host"
 
+
+def test_crawl_help_groups_every_option() -> None:
+    parser = _crawl_parser()
+    titles = [g.title for g in parser._action_groups]
+    for title in ("what to crawl", "spider", "limits and trap defences", "recrawl",
+                  "storage and output", "performance"):  # fmt: skip
+        assert title in titles, titles
+    assert any(t and t.startswith("politeness") for t in titles)
+    assert any(t and t.startswith("fleet") for t in titles)
+    grouped = [
+        a for g in parser._action_groups if g.title not in ("options", "other options")
+        for a in g._group_actions
+    ]  # fmt: skip
+    ungrouped = [a.option_strings or a.dest for a in parser._actions if a not in grouped]
+    assert ungrouped == [["-h", "--help"]]
+    text = _crawl_help()
+    assert text.index("what to crawl:") < text.index("spider:") < text.index("performance:")
+
+
+def test_crawl_help_shows_every_default() -> None:
+    """Every option's help says its default (or that it is required), except the repeatable
+    ones that add to a list that starts empty; none shows Python's 'None'."""
+    missing = []
+    for action in _crawl_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        text = " ".join((action.help or "").split())
+        assert "None" not in text, (action.option_strings, text)
+        if action.default == [] and "repeatable" in text:
+            continue
+        if "default" not in text and "required" not in text:
+            missing.append(action.option_strings[0])
+    assert missing == []
+
+
+def test_a_bad_custom_setting_is_a_one_line_crawl_error(tmp_path: Path) -> None:
+    from .helpers import run_cli
+
+    spider = tmp_path / "port.py"
+    spider.write_text(
+        "from idemcrawl import Spider\n\n"
+        "class Port(Spider):\n"
+        "    custom_settings = {'ROBOTSTXT_OBEY': False}\n"
+    )
+    res = run_cli("crawl", SEED, "--db", str(tmp_path / "c.db"), "--spider", f"{spider}:Port")
+    assert res.returncode == 2, res
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        "idemcrawl crawl: error: Port.custom_settings['ROBOTSTXT_OBEY']: robots.txt is obeyed, "
+        "and only the operator can turn that off (crawl --ignore-robots)"
+    ]
+    assert not (tmp_path / "c.db").exists()
