@@ -857,7 +857,9 @@ class Spider:
     :class:`Request` (``Request(url, callback="parse_item", data={...})`` or
     ``page.follow(href, self.parse_item)``); its page then has ``page.data``. A callback named
     explicitly gets the response whatever its content type (JSON, images, …); ``parse`` gets
-    HTML only unless ``parse_non_html`` is set.
+    HTML only unless ``parse_non_html`` is set. A request's ``cb_kwargs`` come as keyword
+    arguments after the page; a callback may be ``async def`` (returning its items, or an
+    async generator yielding them): the parser runs it to completion.
     """
 
     name: str = "default"
