@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from examples.catalog import Catalog
-from idemcrawl.parse import Page, Record, Request
+from idemcrawl.parse import Page, Record, Request, Spider
 
 
 class CatalogSearch(Catalog):
@@ -58,3 +60,44 @@ class CleanCatalog(StrictCatalog):
 
     def process_record(self, record: Record) -> Record | None:
         return Record(record.key, {**record.data, "price": float(record.data["price"])})
+
+
+class ScrapyHabits(Spider):
+    """examples/scrapy_catalog.py with its Scrapy habits kept: ``cb_kwargs``, ``::text`` and
+    ``.get()``, an ``async def`` callback, ``allowed_domains``, ``custom_settings`` and
+    ``self.logger`` (the sandbox listens on 127.0.0.1)."""
+
+    name = "catalog"
+    allowed_domains = ("127.0.0.1",)
+    custom_settings = {"ROBOTSTXT_OBEY": True, "DOWNLOAD_DELAY": 0, "DEPTH_LIMIT": 10}
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        listing = int(parse_qs(urlsplit(page.url).query).get("page", ["1"])[0])
+        for li in page.css("li.item"):
+            yield page.follow(
+                li.css("a.item-link")[0],
+                callback=self.parse_item,
+                cb_kwargs={
+                    "category": li.css(".category::text").get(),
+                    "rank": int(li.attrs.get("data-rank") or 0),
+                    "listing_page": listing,
+                },
+            )
+        for href in page.css("a.next::attr(href)").getall():
+            yield page.follow(href, priority=1)
+
+    async def parse_item(
+        self, page: Page, category: str, rank: int, listing_page: int
+    ) -> AsyncIterator[Record]:
+        await asyncio.sleep(0)
+        self.logger.debug("item %s", page.url)
+        yield Record(
+            "item-" + page.url.rsplit("/", 1)[1],
+            {
+                "name": page.css(".name::text").get(),
+                "price": page.css(".price::text").get(),
+                "category": category,
+                "rank": rank,
+                "listing_page": listing_page,
+            },
+        )

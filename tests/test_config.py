@@ -1,12 +1,16 @@
-"""Config layering (defaults < config file < flags given), its one-line errors, and the help
-texts that read every default from CrawlConfig instead of repeating it."""
+"""Config layering (defaults < the spider's custom_settings < config file < flags given), its
+one-line errors, and the help texts that read every default from CrawlConfig instead of
+repeating it."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import re
+import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +24,9 @@ from idemcrawl.config import (
     default_of,
     layered_config,
     parse_host_flag,
+    spider_settings,
 )
+from idemcrawl.parse import Spider
 from idemcrawl.url import InvalidURL
 from idemcrawl.version import DEFAULT_USER_AGENT
 
@@ -227,3 +233,162 @@ def test_the_default_warc_level_is_the_stores() -> None:
     from idemcrawl import warc
 
     assert CrawlConfig(db="x").warc_level == warc.COMPRESSION_LEVEL
+
+
+# -- a spider's custom_settings and allowed_domains -----------------------------------------
+
+
+def _spider(monkeypatch: pytest.MonkeyPatch, **attrs: Any) -> str:
+    """A spider class with ``attrs``, importable as the returned ``module:Class`` spec."""
+    mod = types.ModuleType("config_test_spiders")
+    mod.S = type("S", (Spider,), attrs)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    return f"{mod.__name__}:S"
+
+
+def test_spider_settings_sit_between_defaults_and_the_operators(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = _spider(
+        monkeypatch,
+        custom_settings={
+            "DOWNLOAD_DELAY": 2.5,
+            "CONCURRENT_REQUESTS": 8,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+            "USER_AGENT": "porter/1 (+https://example.org)",
+            "DEPTH_LIMIT": 4,
+            "ROBOTSTXT_OBEY": True,
+            "max_redirects": 2,
+        },
+    )
+    db = str(tmp_path / "c.db")
+    cfg = layered_config(None, {"db": db, "seeds": [SEED], "spider": spec})
+    assert (cfg.delay, cfg.concurrency, cfg.host_concurrency) == (2.5, 8, 2)
+    assert cfg.user_agent == "porter/1 (+https://example.org)" and cfg.max_depth == 4
+    assert cfg.max_redirects == 2 and not cfg.ignore_robots
+    # The config file beats the spider, a flag beats both.
+    path = _toml(tmp_path, f'spider = "{spec}"\ndelay = 1.5\nconcurrency = 4\n')
+    cfg = layered_config(path, {"db": db, "seeds": [SEED], "concurrency": 32})
+    assert (cfg.delay, cfg.concurrency, cfg.host_concurrency) == (1.5, 32, 2)
+
+
+def test_scrapy_offs_and_zeroes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Off(Spider):
+        custom_settings = {
+            "RETRY_ENABLED": False,
+            "RETRY_TIMES": 5,  # RETRY_ENABLED False wins, as in Scrapy
+            "REDIRECT_ENABLED": False,
+            "AUTOTHROTTLE_ENABLED": False,
+            "DEPTH_LIMIT": 0,  # Scrapy's "no limit": idemcrawl's trap default stays
+            "CLOSESPIDER_PAGECOUNT": 0,
+        }
+
+    assert spider_settings(Off) == {"max_retries": 0, "max_redirects": 0, "latency_factor": 0}
+    Off.custom_settings = {"RETRY_ENABLED": True, "AUTOTHROTTLE_ENABLED": True}
+    assert spider_settings(Off) == {}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"ROBOTSTXT_OBEY": False}, r"only the operator can turn that off \(crawl --ignore-robots"),
+        ({"ignore_robots": True}, "only the operator can turn that off"),
+        ({"db": "x.db"}, "db is the operator's to give"),
+        ({"allow_private": ["127.0.0.1"]}, "allow_private is the operator's to give"),
+        ({"COOKIES_ENABLED": True}, "keep_cookies = True or False on the spider"),
+        ({"LOG_LEVEL": "INFO"}, "self.logger is a standard logging.Logger"),
+        ({"FEEDS": {}}, "idemcrawl export"),
+        ({"ITEM_PIPELINES": {}}, "process_record"),
+        ({"HTTPCACHE_ENABLED": True}, "reparse"),
+        ({"DOWNLOAD_DELAY": "2"}, r"\['DOWNLOAD_DELAY'\] must be int or float, got '2'"),
+        ({"CONCURRENT_REQUESTS": -1}, "must be >= 0"),
+        ({"RETRY_ENABLED": "no"}, "must be True or False"),
+        ({"FOO_BAR": 1}, r"unknown setting; .*DOWNLOAD_DELAY.* or the idemcrawl crawl settings "),
+    ],
+)
+def test_custom_settings_that_cannot_be_honoured_are_refused(
+    settings: dict[str, Any], message: str
+) -> None:
+    cls = type("Porting", (Spider,), {"custom_settings": settings})
+    with pytest.raises(ConfigError, match=r"Porting\.custom_settings\[") as exc:
+        spider_settings(cls)
+    assert re.search(message, str(exc.value)), str(exc.value)
+
+
+def test_unknown_custom_setting_lists_the_options() -> None:
+    cls = type("S", (Spider,), {"custom_settings": {"CONCURRENT_ITEMS": 10}})
+    with pytest.raises(ConfigError) as exc:
+        spider_settings(cls)
+    text = str(exc.value)
+    assert "CONCURRENT_REQUESTS_PER_DOMAIN" in text and "host_concurrency" in text
+    assert "ignore_robots" not in text and " db," not in text
+
+
+def test_custom_settings_must_be_a_dict() -> None:
+    with pytest.raises(ConfigError, match="custom_settings must be a dict, got list"):
+        spider_settings(type("S", (Spider,), {"custom_settings": [("DOWNLOAD_DELAY", 1)]}))
+
+
+def test_allowed_domains_make_the_default_scope_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = _spider(monkeypatch, allowed_domains=["example.org"])
+    db = str(tmp_path / "c.db")
+    assert layered_config(None, {"db": db, "seeds": [SEED], "spider": spec}).scope == "any"
+    given = {"db": db, "seeds": [SEED], "spider": spec, "scope": "host"}
+    assert layered_config(None, given).scope == "host"  # both filters then apply
+    plain = _spider(monkeypatch)
+    assert layered_config(None, {"db": db, "seeds": [SEED], "spider": plain}).scope == "host"
+
+
+def test_crawl_help_groups_every_option() -> None:
+    parser = _crawl_parser()
+    titles = [g.title for g in parser._action_groups]
+    for title in ("what to crawl", "spider", "limits and trap defences", "recrawl",
+                  "storage and output", "performance"):  # fmt: skip
+        assert title in titles, titles
+    assert any(t and t.startswith("politeness") for t in titles)
+    assert any(t and t.startswith("fleet") for t in titles)
+    grouped = [
+        a for g in parser._action_groups if g.title not in ("options", "other options")
+        for a in g._group_actions
+    ]  # fmt: skip
+    ungrouped = [a.option_strings or a.dest for a in parser._actions if a not in grouped]
+    assert ungrouped == [["-h", "--help"]]
+    text = _crawl_help()
+    assert text.index("what to crawl:") < text.index("spider:") < text.index("performance:")
+
+
+def test_crawl_help_shows_every_default() -> None:
+    """Every option's help says its default (or that it is required), except the repeatable
+    ones that add to a list that starts empty; none shows Python's 'None'."""
+    missing = []
+    for action in _crawl_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        text = " ".join((action.help or "").split())
+        assert "None" not in text, (action.option_strings, text)
+        if action.default == [] and "repeatable" in text:
+            continue
+        if "default" not in text and "required" not in text:
+            missing.append(action.option_strings[0])
+    assert missing == []
+
+
+def test_a_bad_custom_setting_is_a_one_line_crawl_error(tmp_path: Path) -> None:
+    from .helpers import run_cli
+
+    spider = tmp_path / "port.py"
+    spider.write_text(
+        "from idemcrawl import Spider\n\n"
+        "class Port(Spider):\n"
+        "    custom_settings = {'ROBOTSTXT_OBEY': False}\n"
+    )
+    res = run_cli("crawl", SEED, "--db", str(tmp_path / "c.db"), "--spider", f"{spider}:Port")
+    assert res.returncode == 2, res
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        "idemcrawl crawl: error: Port.custom_settings['ROBOTSTXT_OBEY']: robots.txt is obeyed, "
+        "and only the operator can turn that off (crawl --ignore-robots)"
+    ]
+    assert not (tmp_path / "c.db").exists()

@@ -37,6 +37,19 @@ def test_parse_prints_the_requests_a_listing_yields_and_stores_nothing(tmp_path:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_parse_prints_cb_kwargs() -> None:
+    with SandboxServer() as server:
+        base = server.base_url
+        url = f"{base}/catalog?page=2"
+        done = run_cli("parse", url, "--spider", "tests.sandbox_spiders:ScrapyHabits", *LOOPBACK)
+    assert done.returncode == 0, done.stderr
+    cat = item_category(6)
+    assert (
+        f"  GET {base}/item/6 -> parse_item "
+        f'cb_kwargs={{"category": "{cat}", "listing_page": 2, "rank": 1}}'
+    ) in done.stdout.splitlines()
+
+
 def test_parse_runs_the_named_callback_with_its_context() -> None:
     data = {"category": "toys", "rank": 2, "listing_page": 9}
     with SandboxServer() as server:

@@ -56,7 +56,8 @@ _SIZE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("bytes", 1
 #: config file; "repeat" flags collect a list that adds to the file's (see config.FlagLists).
 # fmt: off
 _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
-    ("--db", None, "crawl database: an SQLite file path"),
+    ("--db", None, "crawl database: an SQLite file path or postgresql://… (required, here or "
+     "in --config)"),
     ("--sitemap", "repeat", "read this sitemap (or sitemap index, gzip allowed); repeatable",
      {"metavar": "URL"}),
     ("--spider", None,
@@ -76,23 +77,27 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
      "how long a leased URL stays claimed if its owner dies (default {lease_seconds})"),
     ("--lease-ahead", non_negative_int, "leases kept ready beyond the idle workers, only from "
      "hosts with no delay between starts (default: --concurrency; 0 = off)"),
-    ("--scope", None, "which discovered links to follow (default: the seeds' hosts)",
+    ("--scope", None, "which discovered links to follow: the seeds' hosts, their sites, or "
+     "any (default: host; any for a spider with allowed_domains, which then decide)",
      {"choices": ("host", "domain", "any")}),
     ("--allow-private", "append", "permit connections to this private/loopback address or "
-     "network", {"metavar": "ADDR_OR_CIDR"}),
-    ("--max-pages", count, "stop after leasing this many pages in this run"),
+     "network; repeatable (default: every private address is refused)",
+     {"metavar": "ADDR_OR_CIDR"}),
+    ("--max-pages", count, "stop after leasing this many pages in this run (default: no "
+     "limit)"),
     ("--requisites", "store_true", "also fetch what each page needs to render (stylesheets, "
      "scripts, images, on any host, each under its own robots.txt and politeness) and archive "
-     "it, for crawls meant for replay"),
+     "it, for crawls meant for replay (default: off)"),
     ("--render", "store_true", "run each HTML page in headless Chromium before parsing, for "
-     "pages built by JavaScript (needs the 'render' extra and a Chromium)"),
+     "pages built by JavaScript (needs the 'render' extra and a Chromium; default: off, or "
+     "the spider's render)"),
     ("--render-timeout", seconds, "cut a page's render after this many seconds "
      "(default {render_timeout})"),
     ("--render-contexts", count, "pages rendered at once (default {render_contexts})"),
     ("--horizon", seconds, "without --recrawl, stop with exit status 3 once nothing left can "
      "start within this many seconds (default {horizon}; 0 = wait however long)"),
     ("--parse-workers", count,
-     "parser processes (default {parse_workers}; 0 = in-process)"),
+     "parser processes (default: CPU cores - 1, here {parse_workers}; 0 = in-process)"),
     ("--commit-batch", count,
      "most completions per group commit (default {commit_batch})"),
     ("--commit-seconds", seconds, "how long a group commit may wait for more completions, "
@@ -102,7 +107,8 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--user-agent", None, "User-Agent; its product token is matched against robots.txt "
      "(default {user_agent})"),
     ("--ignore-robots", "store_true",
-     "do not fetch or obey robots.txt (a crawl preference, not authorisation)"),
+     "do not fetch or obey robots.txt (a crawl preference, not authorisation; default: "
+     "off)"),
     ("--robots-max-age", seconds,
      "seconds a robots.txt copy is trusted (default {robots_max_age})"),
     ("--robots-error-ttl", seconds,
@@ -112,7 +118,7 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--crawl-delay-cap", seconds, "largest robots.txt Crawl-delay honoured; hosts asking "
      "more are deferred (default {crawl_delay_cap})"),
     ("--retry-deferred", "store_true", "requeue URLs an earlier run deferred (Crawl-delay "
-     "above the cap, robots.txt unreachable)"),
+     "above the cap, robots.txt unreachable; default: off, so a restart changes nothing)"),
     ("--max-depth", count,
      "trap defence: links beyond this are not followed (default {max_depth})"),
     ("--max-url-length", count,
@@ -122,12 +128,14 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--max-repeated-segment", count,
      "trap defence: links beyond this are not followed (default {max_repeated_segment})"),
     ("--host-delay", "repeat", "per-host delay between request starts (HOST: host[:port] or "
-     "scheme://host[:port])", {"metavar": "HOST=SECONDS"}),
-    ("--host-max", "repeat", "per-host requests in flight", {"metavar": "HOST=N"}),
-    ("--host-budget", "repeat", "per-host fetches per UTC day (overrides --daily-budget)",
-     {"metavar": "HOST=N"}),
+     "scheme://host[:port]); repeatable (default: --delay)", {"metavar": "HOST=SECONDS"}),
+    ("--host-max", "repeat", "per-host requests in flight; repeatable (default: "
+     "--host-concurrency)", {"metavar": "HOST=N"}),
+    ("--host-budget", "repeat", "per-host fetches per UTC day; repeatable (default: "
+     "--daily-budget)", {"metavar": "HOST=N"}),
     ("--daily-budget", count,
-     "trap defence: fetches per host per UTC day; hosts over it are deferred"),
+     "trap defence: fetches per host per UTC day; hosts over it are deferred (default: "
+     "unlimited)"),
     ("--max-redirects", non_negative_int, "redirect hops followed from one URL, each a URL of "
      "its own (default {max_redirects})"),
     ("--max-bytes", count,
@@ -139,7 +147,8 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--total-timeout", seconds,
      "seconds for a whole response; slow senders are cut (default {total_timeout})"),
     ("--recrawl", "store_true",
-     "keep running and revisit URLs when they are due (conditional requests)"),
+     "keep running and revisit URLs when they are due (conditional requests; default: off, "
+     "the crawl ends when nothing is left)"),
     ("--recrawl-min", seconds,
      "shortest revisit interval in seconds (default {recrawl_min})"),
     ("--recrawl-max", seconds,
@@ -149,8 +158,8 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--pin", "repeat", "URLs matching REGEX are revisited every SECONDS; repeatable",
      {"metavar": "REGEX=SECONDS"}),
     ("--warc-dir", None, "directory for WARC files (default: DB path + '.warc')"),
-    ("--no-warc", "store_false", "do not archive exchanges (reparse then has nothing to read)",
-     {"dest": "warc"}),
+    ("--no-warc", "store_false", "do not archive exchanges (reparse then has nothing to read; "
+     "default: archive)", {"dest": "warc"}),
     ("--warc", "store_true",
      "archive exchanges (the default; overrides an earlier --no-warc or the config)",
      {"dest": "warc"}),
@@ -158,9 +167,36 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
      "compression level of the WARC records: 0-3 ISA-L (fast), 4-9 zlib (smaller); default "
      "{warc_level} (docs/warc.md has the trade)"),
     ("--metrics-port", non_negative_int,
-     "serve Prometheus metrics on 127.0.0.1:PORT while crawling"),
+     "serve Prometheus metrics on 127.0.0.1:PORT while crawling (default: off)"),
 )
 # fmt: on
+
+#: ``crawl --help``'s sections: (title, the flags in it, in order). A flag in none of them is
+#: listed under "other options" (a test keeps that list empty).
+_CRAWL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("what to crawl", (
+        "URL", "--config", "--db", "--sitemap", "--scope", "--allow-private", "--max-pages",
+        "--horizon", "--requisites",
+    )),
+    ("spider", ("--spider", "--render", "--render-timeout", "--render-contexts")),
+    ("politeness (per host, shared by every process of the crawl)", (
+        "--delay", "--host-concurrency", "--latency-factor", "--fast-latency", "--host-delay",
+        "--host-max", "--user-agent", "--ignore-robots", "--robots-max-age",
+        "--robots-error-ttl", "--robots-max-attempts", "--crawl-delay-cap", "--retry-deferred",
+    )),
+    ("limits and trap defences", (
+        "--max-depth", "--max-url-length", "--max-query-params", "--max-repeated-segment",
+        "--daily-budget", "--host-budget", "--max-redirects", "--max-retries", "--max-bytes",
+        "--max-decompressed-bytes", "--connect-timeout", "--read-timeout", "--total-timeout",
+    )),
+    ("recrawl", ("--recrawl", "--recrawl-min", "--recrawl-max", "--tombstone-interval", "--pin")),
+    ("storage and output", (
+        "--warc", "--no-warc", "--warc-dir", "--warc-level", "--json", "--quiet",
+        "--metrics-port",
+    )),
+    ("performance", ("--concurrency", "--parse-workers", "--commit-batch", "--commit-seconds")),
+    ("fleet (several crawl processes on one database)", ("--lease-seconds", "--lease-ahead")),
+)  # fmt: skip
 
 
 def _add_crawl_parser(sub: Any) -> None:
@@ -169,12 +205,25 @@ def _add_crawl_parser(sub: Any) -> None:
         help="crawl from seed URLs into a crawl database (resumable)",
         description="Crawl from seed URLs. Rerunning the same command on the same database "
         "resumes; on a finished database it makes no request. Settings come from the built-in "
-        "defaults, then --config FILE, then the flags given here.",
+        "defaults, then the spider's custom_settings, then --config FILE, then the flags given "
+        "here.",
     )
-    c.add_argument("urls", nargs="*", metavar="URL", help="seed URLs (optional when resuming)")
-    c.add_argument("--config", help='TOML file with crawl settings and [hosts."HOST"] overrides')
+    groups = {title: c.add_argument_group(title) for title, _ in _CRAWL_GROUPS}
+    group_of = {flag: groups[title] for title, flags in _CRAWL_GROUPS for flag in flags}
+    other = c.add_argument_group("other options")
+    group_of["URL"].add_argument(
+        "urls", nargs="*", metavar="URL", help="seed URLs (optional when resuming)"
+    )
+    group_of["--config"].add_argument(
+        "--config", help='TOML file with crawl settings and [hosts."HOST"] overrides (default: '
+        "none: the built-in defaults and the spider's custom_settings)",
+    )  # fmt: skip
     defaults = _Defaults()
-    for flag, kind, text, *extra in _CRAWL_FLAGS:
+    flags = {f[0]: f for f in _CRAWL_FLAGS}
+    order = [f for _, fs in _CRAWL_GROUPS for f in fs if f in flags]
+    for flag, kind, text, *extra in [flags[f] for f in order] + [
+        f for f in _CRAWL_FLAGS if f[0] not in group_of
+    ]:
         kw: dict[str, Any] = {"default": argparse.SUPPRESS, **(extra[0] if extra else {})}
         if kind == "repeat":
             kw.update(action="append", default=[])
@@ -182,9 +231,13 @@ def _add_crawl_parser(sub: Any) -> None:
             kw["action"] = kind
         elif kind is not None:
             kw["type"] = kind
-        c.add_argument(flag, help=text.format_map(defaults), **kw)
-    c.add_argument("--json", action="store_true", help="print the run summary as JSON")
-    c.add_argument("--quiet", action="store_true", help="no progress lines")
+        group_of.get(flag, other).add_argument(flag, help=text.format_map(defaults), **kw)
+    group_of["--json"].add_argument(
+        "--json", action="store_true", help="print the run summary as JSON (default: a line)"
+    )
+    group_of["--quiet"].add_argument(
+        "--quiet", action="store_true", help="no progress lines (default: progress on stderr)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,10 @@
 """Every crawl setting in one place, with its default and why (cf. Scrapy's default_settings).
 
-Also how a crawl's settings are put together from their three layers (built-in defaults, an
-optional TOML file, the flags given on the command line): :func:`layered_config`. The command
-line only collects what was typed; the rules about what wins and what is valid live here, so a
-program embedding the crawler gets the same answers and the same one-line errors.
+Also how a crawl's settings are put together from their four layers (built-in defaults, the
+spider's ``custom_settings``, an optional TOML file, the flags given on the command line):
+:func:`layered_config`. The command line only collects what was typed; the rules about what
+wins and what is valid live here, so a program embedding the crawler gets the same answers and
+the same one-line errors.
 """
 
 from __future__ import annotations
@@ -367,6 +368,146 @@ HOST_KEYS: dict[str, tuple[type, ...]] = {
 }
 
 
+#: Crawl settings only the operator gives (flags, ``--config``), never a spider's
+#: ``custom_settings``: what to crawl and where to store it, and the two that lift a safeguard.
+OPERATOR_KEYS = frozenset({"db", "seeds", "sitemaps", "spider", "ignore_robots", "allow_private"})
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _zero_is_off(value: Any) -> Any:
+    """Scrapy's 0 = "no limit": idemcrawl's own default stays (a trap defence, not a limit)."""
+    return None if value == 0 and not isinstance(value, bool) else value
+
+
+def _false_is(off: Any) -> Any:
+    """An ``*_ENABLED`` setting: False sets ``off``, True keeps what idemcrawl does already."""
+
+    def read(value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise TypeError("must be True or False")
+        return None if value else off
+
+    return read
+
+
+#: Scrapy settings a spider's ``custom_settings`` may give: the crawl setting each one sets and
+#: how its value reads (None: nothing to set). docs/scrapy.md lists them.
+SCRAPY_SETTINGS: dict[str, tuple[str, Any]] = {
+    "DOWNLOAD_DELAY": ("delay", _same),
+    "CONCURRENT_REQUESTS": ("concurrency", _same),
+    "CONCURRENT_REQUESTS_PER_DOMAIN": ("host_concurrency", _same),
+    "USER_AGENT": ("user_agent", _same),
+    "DEPTH_LIMIT": ("max_depth", _zero_is_off),
+    "CLOSESPIDER_PAGECOUNT": ("max_pages", _zero_is_off),
+    "DOWNLOAD_TIMEOUT": ("total_timeout", _same),
+    "DOWNLOAD_MAXSIZE": ("max_bytes", _zero_is_off),
+    "RETRY_TIMES": ("max_retries", _same),
+    "RETRY_ENABLED": ("max_retries", _false_is(0)),
+    "REDIRECT_MAX_TIMES": ("max_redirects", _same),
+    "REDIRECT_ENABLED": ("max_redirects", _false_is(0)),
+    "AUTOTHROTTLE_ENABLED": ("latency_factor", _false_is(0)),
+    "ROBOTSTXT_OBEY": ("ignore_robots", _false_is(True)),  # True; False is refused
+}
+_LOGS = (
+    "the crawl's progress goes to stderr (--quiet, --json); self.logger is a standard "
+    "logging.Logger, set up with Python's logging"
+)
+_EXPORT = "records are in the crawl database: idemcrawl export --db DB --format jsonl|csv|parquet"
+_AUTOTHROTTLE = "the adaptive delay is latency_factor and fast_latency (--latency-factor)"
+#: Scrapy settings refused with what to do instead: each names something idemcrawl does
+#: differently or that is not a spider's to decide.
+SCRAPY_REFUSED: dict[str, str] = {
+    "COOKIES_ENABLED": "set keep_cookies = True or False on the spider",
+    "LOG_LEVEL": _LOGS,
+    "LOG_ENABLED": _LOGS,
+    "LOG_FILE": _LOGS,
+    "LOG_FORMAT": _LOGS,
+    "LOG_STDOUT": _LOGS,
+    "FEEDS": _EXPORT,
+    "FEED_FORMAT": _EXPORT,
+    "FEED_URI": _EXPORT,
+    "FEED_EXPORT_ENCODING": _EXPORT,
+    "FEED_EXPORT_FIELDS": _EXPORT,
+    "ITEM_PIPELINES": "the spider's process_record() cleans records, record_schema validates",
+    "HTTPCACHE_ENABLED": "every exchange is archived (WARC): idemcrawl reparse parses it again "
+    "without the network",
+    "JOBDIR": "every crawl resumes from its database (--db): rerun the same command",
+    "DEFAULT_REQUEST_HEADERS": "give headers= to each Request",
+    "DOWNLOADER_MIDDLEWARES": "idemcrawl has no middlewares: process_record() for records, "
+    "Request(headers=…) for requests",
+    "SPIDER_MIDDLEWARES": "idemcrawl has no middlewares: process_record() for records, "
+    "Request(headers=…) for requests",
+    "EXTENSIONS": "idemcrawl has no extensions",
+    "CONCURRENT_REQUESTS_PER_IP": "politeness is per host: CONCURRENT_REQUESTS_PER_DOMAIN",
+    "RANDOMIZE_DOWNLOAD_DELAY": "the delay is a minimum between a host's request starts, "
+    "lengthened by the host's response times (latency_factor)",
+    "AUTOTHROTTLE_START_DELAY": _AUTOTHROTTLE,
+    "AUTOTHROTTLE_MAX_DELAY": _AUTOTHROTTLE,
+    "AUTOTHROTTLE_TARGET_CONCURRENCY": _AUTOTHROTTLE,
+    "AUTOTHROTTLE_DEBUG": _AUTOTHROTTLE,
+}
+
+
+def _fits(value: object, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def spider_settings(spider: type) -> dict[str, Any]:
+    """The crawl settings a spider class asks for: its ``custom_settings`` (Scrapy names with
+    an idemcrawl equivalent, or :data:`FILE_KEYS` names an operator does not keep to
+    themselves) and, with ``allowed_domains``, ``scope = "any"`` (those domains then decide
+    alone, as in Scrapy). :func:`layered_config` puts them above the built-in defaults and
+    below the config file and the flags. A key that cannot be honoured is a ConfigError
+    saying what to do instead: a spider's setting is never dropped without a word."""
+    name = getattr(spider, "__name__", "spider")
+    raw = getattr(spider, "custom_settings", None) or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{name}.custom_settings must be a dict, got {type(raw).__name__}")
+    out: dict[str, Any] = {}
+    if getattr(spider, "allowed_domains", None):
+        out["scope"] = "any"
+    # "*_ENABLED": False last, so that RETRY_ENABLED False wins over RETRY_TIMES, as in Scrapy.
+    for key in sorted(raw, key=lambda k: str(k).endswith("_ENABLED")):
+        value = raw[key]
+        where = f"{name}.custom_settings[{key!r}]"
+        if (key == "ROBOTSTXT_OBEY" and value is False) or key in OPERATOR_KEYS:
+            raise ConfigError(
+                f"{where}: robots.txt is obeyed, and only the operator can turn that off "
+                "(crawl --ignore-robots)"
+                if key in ("ROBOTSTXT_OBEY", "ignore_robots")
+                else f"{where}: {key} is the operator's to give (a crawl flag or --config)"
+            )
+        if key in SCRAPY_REFUSED:
+            raise ConfigError(f"{where} has no idemcrawl equivalent: {SCRAPY_REFUSED[key]}")
+        if key in SCRAPY_SETTINGS:
+            target, read = SCRAPY_SETTINGS[key]
+            try:
+                value = read(value)
+            except TypeError as exc:
+                raise ConfigError(f"{where} {exc}, got {value!r}") from None
+            if value is None:
+                continue
+        elif key in FILE_KEYS:
+            target = key
+        else:
+            own = sorted(set(FILE_KEYS) - OPERATOR_KEYS)
+            raise ConfigError(
+                f"{where}: unknown setting; custom_settings takes the Scrapy settings "
+                f"{', '.join(SCRAPY_SETTINGS)} or the idemcrawl crawl settings {', '.join(own)}"
+            )
+        types = FILE_KEYS[target]
+        if not _fits(value, types):
+            names = " or ".join(t.__name__ for t in types)
+            raise ConfigError(f"{where} must be {names}, got {value!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{where} must be >= 0, got {value!r}")
+        out[target] = value
+    return out
+
+
 def _line_of(text: str, key: str) -> int | None:
     import re
 
@@ -412,8 +553,7 @@ def load_config_file(
         return f"{path}:{line}" if line else path
 
     def check(key: str, value: object, types: tuple[type, ...]) -> None:
-        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-        if not ok:
+        if not _fits(value, types):
             names = " or ".join(t.__name__ for t in types)
             raise ConfigFileError(f"{where(key)}: {key} must be {names}, got {value!r}")
 
@@ -498,7 +638,8 @@ class FlagLists:
 def layered_config(
     path: str | None, given: Mapping[str, Any], lists: FlagLists | None = None
 ) -> CrawlConfig:
-    """Defaults, then the config file at ``path``, then the settings ``given`` on the command line.
+    """Defaults, then the spider's settings (:func:`spider_settings`), then the config file at
+    ``path``, then the settings ``given`` on the command line: the operator's word is last.
 
     ``given`` holds only flags the user actually typed, under their :data:`FILE_KEYS` names
     (``seeds`` for seed URLs); each replaces the file's value. Returns a validated config, or
@@ -514,6 +655,11 @@ def layered_config(
     overrides: list[tuple[str, float | None, int | None]] = []
     if path:
         settings, overrides = load_config_file(path)
+    spider = given.get("spider", settings.get("spider"))
+    if spider:
+        from .parse import load_spider  # SpiderLoadError names the spider's own problem
+
+        settings = {**spider_settings(load_spider(str(spider))), **settings}
     settings.update(given)
     table: dict[str, list[Any]] = {h: [d, m] for h, d, m in overrides}
     for slot, flag, items in (

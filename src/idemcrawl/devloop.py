@@ -21,7 +21,16 @@ from typing import Any
 from . import url as urls
 from .fetch import Fetcher, FetchError, FetchResult, FetchSettings
 from .frontier.base import RequestSpec, request_url
-from .parse import Page, ParseJob, Parser, Request, Spider, from_form, load_spider
+from .parse import (
+    Page,
+    ParseJob,
+    Parser,
+    Request,
+    Spider,
+    from_form,
+    load_spider,
+    split_context,
+)
 
 
 class DevLoopError(Exception):
@@ -102,7 +111,8 @@ def parse_once(
                 "key": u.url,
                 "method": s.method if s else "GET",
                 "callback": (s.callback if s else None) or "parse",
-                "data": json.loads(s.data) if s and s.data else {},
+                "data": split_context(s.data)[0] if s else {},
+                "cb_kwargs": split_context(s.data)[1] if s else {},
                 "headers": s.header_pairs() if s else [],
                 "body": s.body.decode("utf-8", "replace") if s and s.body else None,
                 "priority": u.priority,
@@ -125,6 +135,8 @@ def format_parsed(p: ParsedOnce) -> str:
     lines.append(f"requests ({len(p.requests)}):")
     for q in p.requests:
         extra = f" data={json.dumps(q['data'], sort_keys=True)}" if q["data"] else ""
+        if q["cb_kwargs"]:
+            extra += f" cb_kwargs={json.dumps(q['cb_kwargs'], sort_keys=True)}"
         body = f" body={q['body']!r}" if q["body"] else ""
         lines.append(f"  {q['method']} {q['url']} -> {q['callback']}{extra}{body}")
     if p.rejected:

@@ -14,9 +14,11 @@ import importlib
 import importlib.util
 import inspect
 import json as jsonlib
+import logging
 import operator
 import os
 import pickle
+import re
 import signal
 import sys
 import time
@@ -128,6 +130,85 @@ def _json_text(value: Any, what: str) -> str:
         ) from None
 
 
+def _context_text(data: dict[str, Any], cb_kwargs: dict[str, Any]) -> str:
+    """What the frontier stores as a request's context (``RequestSpec.data``): the JSON of
+    ``data`` as before, or, with ``cb_kwargs``, the JSON array ``[data, cb_kwargs]`` (a stored
+    ``data`` is always an object, so the two can never be confused); "" for neither."""
+    if cb_kwargs:
+        return _json_text([data, cb_kwargs], "Request data and cb_kwargs")
+    return _json_text(data, "Request data") if data else ""
+
+
+def split_context(text: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A stored request context (:func:`_context_text`) back as ``(data, cb_kwargs)``."""
+    if not text:
+        return {}, {}
+    value = jsonlib.loads(text)
+    if isinstance(value, list) and len(value) == 2:
+        data, kwargs = value
+        if isinstance(data, dict) and isinstance(kwargs, dict):
+            return data, kwargs
+    return (value if isinstance(value, dict) else {}), {}
+
+
+def _check_cb_kwargs_keys(cb_kwargs: Any) -> None:
+    if not isinstance(cb_kwargs, dict):
+        raise TypeError(f"Request cb_kwargs must be a dict, got {type(cb_kwargs).__name__}")
+    for name in cb_kwargs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TypeError(f"Request cb_kwargs keys must be argument names, got {name!r}")
+
+
+#: Scrapy's special ``Request.meta`` keys: settings for its middlewares, not context. Nothing
+#: here reads them, so each is refused with what idemcrawl does instead (the rest of ``meta``
+#: is the callback's context, ``page.meta``).
+_SCRAPY_META = {
+    "dont_redirect": "redirects are followed as URLs of their own (--max-redirects)",
+    "redirect_urls": "redirects are followed as URLs of their own (--max-redirects)",
+    "redirect_reasons": "redirects are followed as URLs of their own (--max-redirects)",
+    "redirect_times": "redirects are followed as URLs of their own (--max-redirects)",
+    "dont_retry": "transient errors are retried by the crawl (--max-retries)",
+    "max_retry_times": "transient errors are retried by the crawl (--max-retries)",
+    "retry_times": "transient errors are retried by the crawl (--max-retries)",
+    "handle_httpstatus_list": "4xx/5xx responses are recorded (and 5xx retried), never parsed",
+    "handle_httpstatus_all": "4xx/5xx responses are recorded (and 5xx retried), never parsed",
+    "download_timeout": "the crawl's timeouts apply (--total-timeout, --read-timeout)",
+    "download_maxsize": "the crawl's size caps apply (--max-bytes)",
+    "download_warnsize": "the crawl's size caps apply (--max-bytes)",
+    "download_fail_on_dataloss": "a cut response is recorded with its cut reason",
+    "download_slot": "politeness is per host, enforced by the frontier",
+    "download_latency": "response times are in the crawl's metrics",
+    "dont_obey_robotstxt": "robots.txt is obeyed unless the operator passes --ignore-robots",
+    "cookiejar": "one cookie jar per crawl: keep_cookies on the spider",
+    "dont_merge_cookies": "one cookie jar per crawl: keep_cookies on the spider",
+    "dont_cache": "every exchange is archived (WARC); reparse reads it back",
+    "proxy": "requests are made directly; there is no proxy setting",
+    "bindaddress": "requests are made directly; there is no bind address setting",
+    "referrer_policy": "no Referer header is sent unless headers= gives one",
+    "allow_offsite": "what is followed is the crawl's scope (--scope, allowed_domains)",
+    "depth": "the depth is page.depth, counted by the crawl (--max-depth)",
+    "playwright": "Request(url, render=True) renders the page in headless Chromium",
+    "splash": "Request(url, render=True) renders the page in headless Chromium",
+    "dont_filter": "the same method + URL + body is fetched once per crawl; recrawl revisits",
+}
+
+
+def _meta_as_data(meta: Any, data: dict[str, Any] | None) -> dict[str, Any]:
+    """``meta=`` as the request's context (``data``): a Scrapy user's meta, minus nothing."""
+    if not isinstance(meta, dict):
+        raise TypeError(f"Request meta must be a dict, got {type(meta).__name__}")
+    if data:
+        raise ValueError("Request takes data= or meta= (one context: page.data is page.meta)")
+    for key in meta:
+        why = _SCRAPY_META.get(key)
+        if why is not None:
+            raise ValueError(
+                f"Request meta {key!r} is a Scrapy setting idemcrawl does not take: {why}; "
+                "meta= here is only the callback's context (page.meta)"
+            )
+    return meta
+
+
 class Request:
     """A URL to fetch, and how: the method, headers and body to send, the spider method that
     parses the response (``callback``, by name) and context for it (``data``, given back as
@@ -140,9 +221,17 @@ class Request:
     the response comes back. ``json=`` sends a JSON body (POST unless ``method`` says
     otherwise). Identity for dedup is method + URL + body (``frontier.base.request_key``):
     callback, data, headers and priority do not make a request new.
+
+    For Scrapy ports: ``cb_kwargs`` (a JSON object too, stored the same way) is passed to the
+    callback as keyword arguments, checked against its signature when the request is yielded;
+    ``meta`` is another name for ``data`` (``page.meta`` is ``page.data``), and Scrapy's
+    special meta keys (``dont_redirect``, ``proxy``, …) are refused, naming the idemcrawl way,
+    since nothing here would act on them.
     """
 
-    __slots__ = ("body", "callback", "data", "headers", "method", "priority", "render", "url")
+    __slots__ = (
+        "body", "callback", "cb_kwargs", "data", "headers", "method", "priority", "render", "url",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -156,6 +245,8 @@ class Request:
         json: Any = _UNSET,
         priority: int = 0,
         render: bool = False,
+        cb_kwargs: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(url, str) or not url:
             raise TypeError(f"Request url must be a non-empty str, got {url!r}")
@@ -168,10 +259,16 @@ class Request:
                 )
             callback = name
         self.callback: str | None = None if callback in (None, "parse") else callback
+        if meta is not None:
+            data = _meta_as_data(meta, data)
         if data is not None and not isinstance(data, dict):
             raise TypeError(f"Request data must be a dict, got {type(data).__name__}")
         self.data: dict[str, Any] = data or {}
-        _limit("Request data", len(_json_text(self.data, "Request data")), MAX_REQUEST_DATA)
+        if cb_kwargs is not None:
+            _check_cb_kwargs_keys(cb_kwargs)
+        #: Keyword arguments for the callback (Scrapy's ``cb_kwargs``), stored like ``data``.
+        self.cb_kwargs: dict[str, Any] = cb_kwargs or {}
+        _limit("Request data", len(_context_text(self.data, self.cb_kwargs)), MAX_REQUEST_DATA)
         pairs: list[tuple[str, str]] = []
         items = headers.items() if isinstance(headers, dict) else (headers or ())
         for name, value in items:
@@ -208,12 +305,13 @@ class Request:
             self.method == "GET"
             and self.callback is None
             and not self.data
+            and not self.cb_kwargs
             and not self.headers
             and not self.body
             and not self.render
         ):
             return None
-        data = _json_text(self.data, "Request data") if self.data else None
+        data = _context_text(self.data, self.cb_kwargs) or None
         _limit("Request data", len(data or ""), MAX_REQUEST_DATA)  # changed since it was made?
         return RequestSpec(
             self.method,
@@ -261,15 +359,176 @@ class Node:
     def html(self) -> str:
         return self._node.html or ""
 
-    def css(self, selector: str) -> list[Node]:
-        return [Node(n) for n in self._node.css(selector)]
+    def css(self, selector: str) -> Matches[Any]:
+        """Elements under this one (and itself) that ``selector`` matches, as :class:`Node`;
+        with ``::text`` or ``::attr(name)`` at the end, strings, as in parsel."""
+        if "::" in selector:
+            plan = _pseudo_plan(selector)
+            if plan is not None:
+                return _pseudo_matches(self._node, self._node.css, plan)
+        return Matches(map(Node, self._node.css(selector)))
 
-    def css_first(self, selector: str) -> Node | None:
+    def css_first(self, selector: str) -> Any:
+        """The first of :meth:`css`, or None."""
+        if "::" in selector:
+            found = self.css(selector)
+            return found[0] if found else None
         n = self._node.css_first(selector)
         return None if n is None else Node(n)
 
     def __repr__(self) -> str:
         return f"<Node {self.tag}>"
+
+
+T = typing.TypeVar("T")
+
+
+class Matches(list[T]):
+    """What ``css()`` and ``xpath()`` return: a plain list, plus parsel's ``SelectorList``
+    readers, so ``page.css("h1::text").get()`` ports from Scrapy as it is."""
+
+    __slots__ = ()
+
+    def get(self, default: str | None = None) -> str | None:
+        """The first match as a string (an element as its HTML, like parsel), or ``default``."""
+        return _match_text(self[0]) if self else default
+
+    def getall(self) -> list[str]:
+        """Every match as a string (elements as their HTML)."""
+        return [_match_text(x) for x in self]
+
+    extract_first = get  # parsel's older names, still in many Scrapy spiders
+    extract = getall
+
+
+def _match_text(item: Any) -> str:
+    return item if isinstance(item, str) else str(item.html)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pseudo:
+    """One selector group ending in ``::text`` or ``::attr(name)``, as parsel reads it."""
+
+    #: The elements' selector; "" for the context element itself.
+    select: str
+    #: The elements and all their descendants (``p ::text``, ``p *::text``, ``::text``),
+    #: else the elements alone (``p::text``: p's own text children).
+    subtree: bool
+    #: The attribute to read; None for text nodes.
+    attr: str | None
+
+
+_PSEUDO_RE = re.compile(r"::(?:(text)|attr\(\s*['\"]?([^'\"()\s]+)['\"]?\s*\))\s*$")
+#: Selectors already read (spiders use a few, on every page); None for those without one.
+_PLANS: dict[str, tuple[_Pseudo, ...] | None] = {}
+
+
+def _selector_groups(selector: str) -> list[str]:
+    """``selector`` split at its top-level commas (not those in brackets or quotes)."""
+    groups, depth, quote, start = [], 0, "", 0
+    for i, c in enumerate(selector):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            groups.append(selector[start:i])
+            start = i + 1
+    groups.append(selector[start:])
+    return groups
+
+
+def _pseudo_plan(selector: str) -> tuple[_Pseudo, ...] | None:
+    """How to evaluate a selector with parsel's pseudo-elements (selectolax has none), or
+    None when it has none; ValueError for one that cannot be evaluated here."""
+    try:
+        return _PLANS[selector]
+    except KeyError:
+        pass
+    parts: list[_Pseudo | None] = []
+    for group in _selector_groups(selector):
+        m = _PSEUDO_RE.search(group)
+        rest = group if m is None else group[: m.start()]
+        if "::" in rest:
+            raise ValueError(
+                f"css {selector!r}: the pseudo-elements supported are ::text and "
+                "::attr(name), at the end of a selector"
+            )
+        if m is None:
+            parts.append(None)
+            continue
+        text = rest.strip()
+        head = text[:-1].rstrip()
+        if text in ("", "*"):
+            part = _Pseudo("", True, m.group(2))
+        elif rest[-1].isspace() and text[-1] not in ">+~":  # "p ::text"
+            part = _Pseudo(text, True, m.group(2))
+        elif text[-1] == "*" and head != text[:-1] and head[-1] not in ">+~":  # "p *::text"
+            part = _Pseudo(head, True, m.group(2))
+        elif text[-1] in ">+~":  # "div > ::text" is "div > *::text"
+            part = _Pseudo(text + " *", False, m.group(2))
+        else:
+            part = _Pseudo(text, False, m.group(2))
+        parts.append(part)
+    plan: tuple[_Pseudo, ...] | None = None
+    if any(p is not None for p in parts):
+        if any(p is None for p in parts):
+            raise ValueError(
+                f"css {selector!r}: groups with and without ::text/::attr() in one selector; "
+                "select the elements and the strings in two calls"
+            )
+        plan = tuple(p for p in parts if p is not None)
+    if len(_PLANS) >= 1024:
+        _PLANS.clear()
+    _PLANS[selector] = plan
+    return plan
+
+
+def _pseudo_matches(
+    root: LexborNode | None, css: Callable[[str], list[LexborNode]], plan: tuple[_Pseudo, ...]
+) -> Matches[Any]:
+    """The strings a pseudo-element selector gives, as parsel would: text nodes as they are
+    (whitespace kept) in document order, attribute values of the elements that have it.
+
+    Two orders differ from parsel's, to keep the common case one selectolax query and no
+    tree walk: the text of an element matched inside another matched one comes after all of
+    the outer one's (``div::text`` on nested divs), and groups with different
+    pseudo-elements (``h1::text, a::attr(href)``) come group by group."""
+    out: Matches[Any] = Matches()
+    batches = [plan] if len({(p.subtree, p.attr) for p in plan}) == 1 else [(p,) for p in plan]
+    for batch in batches:
+        subtree, attr = batch[0].subtree, batch[0].attr
+        if any(not p.select for p in batch):
+            elements = [] if root is None else [root]
+        else:
+            elements = css(", ".join(p.select for p in batch))
+        if subtree:  # each element and its descendants, each node once
+            seen: set[int] = set()
+            nodes = []
+            for el in elements:
+                for n in el.traverse(include_text=attr is None):
+                    if n.mem_id not in seen:
+                        seen.add(n.mem_id)
+                        nodes.append(n)
+        else:
+            nodes = elements
+        if attr is not None:
+            for el in nodes:
+                attrs = el.attributes
+                if attr in attrs:
+                    value = attrs[attr]
+                    out.append("" if value is None else value)
+        elif subtree:
+            out.extend(n.text_content or "" for n in nodes if n.is_text_node)
+        else:
+            for el in nodes:
+                texts = el.iter(include_text=True)
+                out.extend(c.text_content or "" for c in texts if c.is_text_node)
+    return out
 
 
 class XNode:
@@ -299,7 +558,7 @@ class XNode:
 
         return str(lxml_html.tostring(self._el, encoding="unicode", with_tail=False))
 
-    def xpath(self, query: str) -> list[XNode | str]:
+    def xpath(self, query: str) -> Matches[Any]:
         """``query`` relative to this element (``.//a/@href``)."""
         return _xpath_results(self._el.xpath(query))
 
@@ -307,12 +566,12 @@ class XNode:
         return f"<XNode {self.tag}>"
 
 
-def _xpath_results(found: Any) -> list[XNode | str]:
+def _xpath_results(found: Any) -> Matches[Any]:
     """Elements as :class:`XNode`, strings (attributes, text()) as plain ``str``, a number or
     boolean result as a one-item list of its string."""
     if not isinstance(found, list):
-        return [str(found)]
-    return [str(x) if isinstance(x, str) else XNode(x) for x in found]
+        return Matches([str(found)])
+    return Matches(str(x) if isinstance(x, str) else XNode(x) for x in found)
 
 
 class Page:
@@ -329,6 +588,7 @@ class Page:
         scope_hosts: frozenset[str] = frozenset(),
         scope: str = "any",
         request: RequestSpec | None = None,
+        allowed_domains: frozenset[str] = frozenset(),
     ) -> None:
         self.url = url
         self.status = status
@@ -339,6 +599,7 @@ class Page:
         self.request = request
         self._scope_hosts = scope_hosts
         self._scope = scope
+        self._domains = allowed_domains
         #: What :meth:`links` returned, with each URL's host key: normalised and in scope
         #: already, so the parser does not redo that when the spider yields them.
         self._checked_links: dict[str, str] = {}
@@ -361,8 +622,19 @@ class Page:
         same after any restart. Empty when the request had none."""
         if self.request is None or not self.request.data:
             return {}
-        value = jsonlib.loads(self.request.data)
-        return value if isinstance(value, dict) else {}
+        return split_context(self.request.data)[0]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """``page.data`` under Scrapy's name (``Request(meta=…)`` is ``Request(data=…)``)."""
+        return self.data
+
+    @cached_property
+    def cb_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments the callback is called with (``Request(cb_kwargs=…)``)."""
+        if self.request is None or not self.request.data:
+            return {}
+        return split_context(self.request.data)[1]
 
     def json(self) -> Any:
         """The body parsed as JSON (any content type); ValueError with the reason if it is not."""
@@ -428,10 +700,22 @@ class Page:
     def _tree(self) -> LexborHTMLParser:
         return LexborHTMLParser(self.text)
 
-    def css(self, selector: str) -> list[Node]:
-        return [Node(n) for n in self._tree.css(selector)]
+    def css(self, selector: str) -> Matches[Any]:
+        """Elements ``selector`` matches, as :class:`Node`, in document order; with ``::text``
+        or ``::attr(name)`` at the end (``a.next::attr(href)``, ``p ::text``), strings, as
+        parsel gives them. ``.get()`` / ``.getall()`` read the result as parsel's do."""
+        if "::" in selector:
+            plan = _pseudo_plan(selector)
+            if plan is not None:
+                return _pseudo_matches(self._tree.root, self._tree.css, plan)
+        return Matches(map(Node, self._tree.css(selector)))
 
-    def css_first(self, selector: str) -> Node | None:
+    def css_first(self, selector: str) -> Any:
+        """The first of :meth:`css` (a :class:`Node`, or a string for ``::text`` and
+        ``::attr()``), or None."""
+        if "::" in selector:
+            found = self.css(selector)
+            return found[0] if found else None
         n = self._tree.css_first(selector)
         return None if n is None else Node(n)
 
@@ -451,7 +735,7 @@ class Page:
         except (etree.ParserError, ValueError):
             return None
 
-    def xpath(self, query: str) -> list[XNode | str]:
+    def xpath(self, query: str) -> Matches[Any]:
         """XPath 1.0 over the page (lxml): elements as :class:`XNode`, attribute and text
         results as ``str`` (``page.xpath("//a[@class='next']/@href")``). An invalid
         expression raises ValueError with lxml's reason."""
@@ -459,7 +743,7 @@ class Page:
 
         tree = self._lxml_tree
         if tree is None:
-            return []
+            return Matches()
         try:
             return _xpath_results(tree.xpath(query))
         except etree.XPathError as exc:
@@ -497,15 +781,16 @@ class Page:
         resolver = self.resolver
         resolve = resolver.resolve
         host_key = urls.host_key
-        scope_hosts, scope = self._scope_hosts, self._scope
-        # Scope is decided by the host key alone in every mode (same origin, same site, any).
+        in_scope = self.in_scope
+        # Scope is decided by the host key alone in every mode (same origin, same site, any,
+        # allowed domains).
         scoped: dict[str, bool] = {}
         hrefs = [node.attributes.get("href") for node in self._tree.css("a[href], area[href]")]
         # Plain same-origin links joined in one C call (their host key is the page's origin);
         # None for the others, which take the whole path below.
         plain = resolver.resolve_many(hrefs)
         origin = resolver.origin
-        origin_ok = bool(origin) and urls.in_scope(origin + "/", scope_hosts, scope)
+        origin_ok = bool(origin) and in_scope(origin + "/")
         for href, u in zip(hrefs, plain, strict=True):
             if u is not None:
                 if origin_ok:
@@ -525,7 +810,7 @@ class Page:
             hk = host_key(u)
             ok = scoped.get(hk)
             if ok is None:
-                ok = scoped[hk] = urls.in_scope(u, scope_hosts, scope)
+                ok = scoped[hk] = in_scope(u)
             if ok:
                 out[u] = hk
             else:
@@ -534,7 +819,11 @@ class Page:
         return list(out)
 
     def in_scope(self, url: str) -> bool:
-        return urls.in_scope(url, self._scope_hosts, self._scope)
+        """Whether the crawl would follow ``url`` (normalised): in its scope and, when the
+        spider has ``allowed_domains``, on one of them or a subdomain."""
+        return urls.in_scope(url, self._scope_hosts, self._scope) and (
+            not self._domains or urls.in_domains(url, self._domains)
+        )
 
     def requisites(self) -> list[str]:
         """Absolute URLs of what the page needs to render (stylesheets, scripts, images, icons,
@@ -576,7 +865,9 @@ class Spider:
     :class:`Request` (``Request(url, callback="parse_item", data={...})`` or
     ``page.follow(href, self.parse_item)``); its page then has ``page.data``. A callback named
     explicitly gets the response whatever its content type (JSON, images, …); ``parse`` gets
-    HTML only unless ``parse_non_html`` is set.
+    HTML only unless ``parse_non_html`` is set. A request's ``cb_kwargs`` come as keyword
+    arguments after the page; a callback may be ``async def`` (returning its items, or an
+    async generator yielding them): the parser runs it to completion.
     """
 
     name: str = "default"
@@ -596,6 +887,24 @@ class Spider:
     #: Run every HTML page in headless Chromium before parsing it, as ``crawl --render`` does
     #: (``Request(url, render=True)`` asks for it one request at a time).
     render: bool = False
+    #: Domains this spider may fetch from (Scrapy's ``allowed_domains``): a URL whose host is
+    #: none of them nor a subdomain of one is not followed (links, requests, redirects and
+    #: sitemap entries; seeds and start requests are the operator's and always go). With
+    #: it, ``crawl`` defaults to ``--scope any`` so these domains alone decide; an explicit
+    #: ``--scope`` applies as well.
+    allowed_domains: Iterable[str] = ()
+    #: Crawl settings this spider needs (Scrapy's ``custom_settings``): Scrapy names with an
+    #: idemcrawl equivalent (``DOWNLOAD_DELAY``, ``USER_AGENT``, …) or crawl setting names
+    #: (``delay``); anything else is refused. Above the built-in defaults, below ``--config``
+    #: and the command line (``config.spider_settings``).
+    custom_settings: Mapping[str, Any] | None = None
+
+    @property
+    def logger(self) -> logging.Logger:
+        """A standard logger named after the spider, as Scrapy's ``self.logger``; its records
+        go wherever the process's logging sends them (warnings and above reach stderr when
+        nothing is configured)."""
+        return logging.getLogger(str(self.name))
 
     def process_record(self, record: Record) -> Record | None:
         """Clean a record before it is validated and stored; None drops it."""
@@ -654,14 +963,17 @@ def from_form(
     context: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
     priority: int = 0,
+    cb_kwargs: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Request:
     """A :class:`Request` submitting the page's form (the first, or the first ``css`` selects)
     the way a browser would: its hidden fields kept (CSRF tokens), its current values, then
     ``data`` filled in (a name given replaces that field where it stands, a new name goes at
     the end; a list gives several values). The
     form's method (GET or POST, urlencoded) and action (resolved against the page) decide
-    where it goes; ``callback`` and ``context`` (the callback's ``page.data``) as for any
-    Request. A form that is missing or that needs multipart encoding is a ValueError.
+    where it goes; ``callback`` and ``context`` (the callback's ``page.data``; ``meta`` is
+    another name for it), ``cb_kwargs`` as for any Request. A form that is missing or that
+    needs multipart encoding is a ValueError.
     """
     form = page.css_first(css or "form")
     if form is None or form.tag != "form":
@@ -691,12 +1003,26 @@ def from_form(
         base = url.split("?", 1)[0]
         return Request(
             f"{base}?{encoded}" if encoded else base, callback, context,
-            headers=headers, priority=priority,
+            headers=headers, priority=priority, cb_kwargs=cb_kwargs, meta=meta,
         )  # fmt: skip
     sent = {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})}
     return Request(
-        url, callback, context, method="POST", headers=sent, body=encoded, priority=priority
-    )
+        url, callback, context, method="POST", headers=sent, body=encoded, priority=priority,
+        cb_kwargs=cb_kwargs, meta=meta,
+    )  # fmt: skip
+
+
+def _check_cb_kwargs(fn: Callable[..., Any], name: str, cb_kwargs: dict[str, Any]) -> None:
+    """Refuse, where the request is made, ``cb_kwargs`` its callback could not be called with
+    (Scrapy finds out when the response comes back; here that is after any restart)."""
+    try:
+        inspect.signature(fn).bind(None, **cb_kwargs)
+    except TypeError as exc:
+        raise TypeError(
+            f"callback {name} cannot take cb_kwargs {', '.join(sorted(cb_kwargs))}: {exc}"
+        ) from None
+    except ValueError:  # no signature to check (a builtin): the call will tell
+        pass
 
 
 def start_links(spider: Spider) -> list[NewURL]:
@@ -712,13 +1038,15 @@ def start_links(spider: Spider) -> list[NewURL]:
             raise TypeError(
                 f"start_requests yielded {type(item).__name__}; expected Request, Link or str"
             )
-        if item.callback is not None:
-            fn = getattr(spider, item.callback, None)
-            if not callable(fn) or item.callback.startswith("_"):
+        if item.callback is not None or item.cb_kwargs:
+            fn = getattr(spider, item.callback or "parse", None)
+            if not callable(fn) or (item.callback or "").startswith("_"):
                 raise ValueError(
                     f"unknown callback {item.callback!r}: "
                     f"{type(spider).__name__} has no such method"
                 )
+            if item.cb_kwargs:
+                _check_cb_kwargs(fn, item.callback or "parse", item.cb_kwargs)
         try:
             u = urls.normalise(item.url)
         except urls.InvalidURL as exc:
@@ -845,7 +1173,52 @@ def load_spider(spec: str | None) -> type[Spider]:
         raise SpiderLoadError(
             f"{cls_name}.record_schema must be a dataclass or a pydantic model, got {schema!r}"
         )
+    _check_spider_methods(cls)
+    allowed_domains(cls)
     return cls
+
+
+def _check_spider_methods(cls: type[Spider]) -> None:
+    """Refuse, when the spider is loaded, what would otherwise be skipped without a word:
+    Scrapy 2.13's ``async def start()`` (nothing here calls it) and ``async`` versions of the
+    methods idemcrawl calls synchronously. ``async def`` callbacks are fine (the parser runs
+    them)."""
+    name = cls.__name__
+    start = getattr(cls, "start", None)
+    if inspect.iscoroutinefunction(start) or inspect.isasyncgenfunction(start):
+        raise SpiderLoadError(
+            f"{name}.start(): idemcrawl's first requests come from start_urls or "
+            "start_requests() (a plain generator of Request, Link or str)"
+        )
+    for method in ("start_requests", "process_record"):
+        fn = getattr(cls, method, None)
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise SpiderLoadError(f"{name}.{method} must be a plain (not async) method")
+
+
+def allowed_domains(cls: type[Spider]) -> frozenset[str]:
+    """The spider's ``allowed_domains`` as normalised host names (lower case, IDNA), or
+    SpiderLoadError naming an entry that is not a domain name (a URL, a port: Scrapy warns
+    and drops those; here the spider does not load)."""
+    given = getattr(cls, "allowed_domains", None) or ()
+    if isinstance(given, str):
+        raise SpiderLoadError(
+            f"{cls.__name__}.allowed_domains must be a list of domains, got the str {given!r}"
+        )
+    out = set()
+    for domain in given:
+        text = domain.strip() if isinstance(domain, str) else ""
+        try:
+            host = urls.hostname(urls.normalise(f"http://{text}/")) if text else ""
+        except urls.InvalidURL:
+            host = ""
+        if not host or any(c in text for c in "/:@?#") or text.startswith("."):
+            raise SpiderLoadError(
+                f"{cls.__name__}.allowed_domains: {domain!r} is not a domain name "
+                "(give 'example.com': its subdomains are allowed too)"
+            )
+        out.add(host)
+    return frozenset(out)
 
 
 # -- the worker side ----------------------------------------------------------------------------
@@ -1111,10 +1484,15 @@ class Parser:
         self.source = str(self.spider.name)
         self.scope_hosts = scope_hosts
         self.scope = scope
+        #: The spider's ``allowed_domains`` (normalised): a filter on top of the scope.
+        self.allowed_domains = allowed_domains(type(self.spider))
         self.limits = limits or TrapLimits()
         #: check_url's verdict on the URL alone (its depth check aside), by URL: sites link the
         #: same pages from many pages. Bounded; only used when depth 0 passes the depth check.
         self._trap_cache: dict[str, str | None] = {}
+        #: The event loop ``async def`` callbacks run on, made at the first (:meth:`_run_async`).
+        self._async_loop: Any = None
+        self._async_thread: Any = None
 
     def run(self, job: ParseJob) -> ParseResult:
         """Parse the job; with ``job.warc``, also build its WARC exchange (``result.warc``)."""
@@ -1161,6 +1539,7 @@ class Parser:
             scope_hosts=self.scope_hosts,
             scope=self.scope,
             request=job.request,
+            allowed_domains=self.allowed_domains,
         )
         callback = job.request.callback if job.request else None
         if job.status >= 400 or not (
@@ -1179,7 +1558,7 @@ class Parser:
         plain: LinkRest = (0, depth, QUEUED, None, PAGE, 0, None)  # one object: see add()
         inline = 0 <= depth <= self.limits.max_depth
         try:
-            for item in self._callback(callback)(page) or ():
+            for item in self._call(callback, page, job.request):
                 if isinstance(item, str):
                     hk = checked.get(item) if inline else None
                     if hk is not None and verdicts.get(item, _UNCHECKED) is None:
@@ -1231,11 +1610,48 @@ class Parser:
             )
         return fn  # type: ignore[no-any-return]
 
+    def _call(self, name: str | None, page: Page, spec: RequestSpec | None) -> Iterable[Any]:
+        """The callback's output for ``page``: called with its ``cb_kwargs`` when the request
+        had some (stored as a JSON array: :func:`_context_text`), and run to completion when
+        it is ``async def``."""
+        fn = self._callback(name)
+        if spec is not None and spec.data and spec.data[0] == "[":
+            out = fn(page, **page.cb_kwargs)
+        else:
+            out = fn(page)
+        if type(out) in _ASYNC_RESULTS:
+            out = self._run_async(out)
+        return out or ()
+
+    def _run_async(self, out: Any) -> Any:
+        """An ``async def`` callback's coroutine (its return value) or async generator (its
+        items, as a list), run on this parser's own event loop, made once: ~15 us a page
+        against ~250 us for ``asyncio.run`` each time. Where this thread runs a loop already
+        (``parse_workers = 0``: the crawl's own), the coroutine runs on a helper thread
+        instead, and the parse blocks as a synchronous one does."""
+        import asyncio
+
+        if self._async_loop is None:
+            self._async_loop = asyncio.new_event_loop()
+        run = self._async_loop.run_until_complete
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return run(_settle(out))
+        if self._async_thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._async_thread = ThreadPoolExecutor(1, thread_name_prefix="idemcrawl-async")
+        return self._async_thread.submit(run, _settle(out)).result()
+
     def check_request(self, req: Request) -> RequestSpec | None:
         """Refuse, when it is yielded, a request whose response could never be parsed: its
-        callback must be a public method of this spider (data was checked when it was made)."""
-        if req.callback is not None:
-            self._callback(req.callback)
+        callback must be a public method of this spider that takes its ``cb_kwargs`` (data
+        was checked when it was made)."""
+        if req.callback is not None or req.cb_kwargs:
+            fn = self._callback(req.callback)
+            if req.cb_kwargs:
+                _check_cb_kwargs(fn, req.callback or "parse", req.cb_kwargs)
         return req.spec()
 
     def _request(self, result: ParseResult, req: Request, page: Page, depth: int) -> None:
@@ -1345,7 +1761,9 @@ class Parser:
         except urls.InvalidURL:
             _count(result.rejected, "invalid_url")
             return None
-        if not urls.in_scope(u, self.scope_hosts, self.scope):
+        if not urls.in_scope(u, self.scope_hosts, self.scope) or (
+            self.allowed_domains and not urls.in_domains(u, self.allowed_domains)
+        ):
             _count(result.rejected, "out_of_scope")
             return None
         return u
@@ -1395,6 +1813,20 @@ class Parser:
     ) -> None:
         """A link without a page to resolve it (redirect targets, sitemap entries)."""
         self._follow_resolved(result, href, lambda h: urls.normalise(h, base), depth, prio, kind)
+
+
+#: What an ``async def`` callback returns when called: run by :meth:`Parser._run_async`.
+_ASYNC_RESULTS: Final = frozenset({types.CoroutineType, types.AsyncGeneratorType})
+
+
+async def _settle(out: Any) -> Any:
+    """A coroutine's value, an async generator's items as a list (either may give the other:
+    a coroutine returning an async generator)."""
+    if isinstance(out, types.CoroutineType):
+        out = await out
+    if isinstance(out, types.AsyncGeneratorType):
+        return [item async for item in out]
+    return out
 
 
 def _canonical_hint(page: Page) -> str | None:

@@ -426,6 +426,20 @@ def hostname(url: str) -> str:
     return url[start : end if colon == -1 else colon]
 
 
+def in_domains(url: str, domains: frozenset[str]) -> bool:
+    """Whether the host of a normalised ``url`` (or host key) is one of ``domains`` or a
+    subdomain of one, whatever the scheme or port: Scrapy's ``allowed_domains`` rule
+    (``www.example.org`` admits ``a.www.example.org``, not ``example.org``)."""
+    host = hostname(url)
+    while True:
+        if host in domains:
+            return True
+        dot = host.find(".")
+        if dot == -1:
+            return False
+        host = host[dot + 1 :]
+
+
 def url_fingerprint(url: str) -> bytes:
     """Return a 16-byte BLAKE2b digest of a normalised URL, for use as a compact durable key.
 
