@@ -18,6 +18,7 @@ def test_scope_lines_name_the_count_and_the_flag() -> None:
     assert "7 not followed" in line and "--scope host keeps to the seeds' hosts" in line
     assert "--scope any" in line
     assert "the seeds' sites" in s.scope_lines("domain")[0]
+    assert "allowed_domains" in s.scope_lines("any")[0]
 
 
 def test_a_one_seed_crawl_of_linked_hosts_says_what_it_left_out(tmp_path: Path) -> None:

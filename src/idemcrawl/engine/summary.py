@@ -60,10 +60,13 @@ class CrawlSummary:
         n = self.links_rejected.get("out_of_scope", 0)
         if not n:
             return []
+        if scope == "any":  # only a spider's allowed_domains leave links out then
+            return [f"links out of scope: {n} not followed (outside the spider's allowed_domains)"]
         kept = {"host": "the seeds' hosts", "domain": "the seeds' sites"}.get(scope, scope)
+        wider = "--scope domain or --scope any" if scope == "host" else "--scope any"
         return [
             f"links out of scope: {n} not followed (--scope {scope} keeps to {kept}); "
-            "--scope domain or --scope any follows links to other hosts"
+            f"{wider} follows links to other hosts"
         ]
 
     def count_error(self, kind: str) -> None:
