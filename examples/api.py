@@ -1,9 +1,10 @@
 """A JSON "load more" API: each response names the next offset (``testsite --site sandbox``).
 
 No seed URL needed: ``start_requests`` says where to begin, and the JSON responses reach the
-callback that asked for them (``parse`` only sees HTML).
+callback that asked for them (``parse`` only sees HTML). The sandbox runs on loopback, which a
+crawl refuses unless allowed (set ``SANDBOX=URL`` for one not at 127.0.0.1:8000):
 
-    SANDBOX=http://127.0.0.1:8000 idemcrawl crawl --db api.db --spider examples/api.py:LoadMore
+    idemcrawl crawl --db api.db --allow-private 127.0.0.1 --spider examples/api.py:LoadMore
 """
 
 from __future__ import annotations

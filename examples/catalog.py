@@ -1,10 +1,12 @@
-"""Listing -> detail with context: the sandbox's catalogue (``testsite --site sandbox``).
+r"""Listing -> detail with context: the sandbox's catalogue (``testsite --site sandbox``).
 
 The category and rank of an item are on the listing only, so the listing hands them to the
 detail page's callback as ``data``; the frontier stores them with the detail URL, so a crawl
-killed between the two pages still gives every record its category after the restart.
+killed between the two pages still gives every record its category after the restart. The
+sandbox runs on loopback, which a crawl refuses unless allowed:
 
-    idemcrawl crawl http://127.0.0.1:8000/catalog?page=1 --spider examples/catalog.py:Catalog
+    idemcrawl crawl 'http://127.0.0.1:8000/catalog?page=1' --db catalog.db \
+        --allow-private 127.0.0.1 --spider examples/catalog.py:Catalog
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ script has filled them in from an API.
 e.g. Debian's ``chromium``), so the callback sees the DOM the script built, and the request
 for the next page asks for rendering too. The script's own request to the API goes through the
 crawl's fetcher, under the host's politeness and robots.txt, and is archived with the page
-(``testsite --site sandbox``).
+(``testsite --site sandbox``, on loopback: hence ``--allow-private``; ``SANDBOX=URL`` for one
+not at 127.0.0.1:8000).
 
-    SANDBOX=http://127.0.0.1:8000 idemcrawl crawl --db js.db --spider examples/js.py:Rendered
+    idemcrawl crawl --db js.db --allow-private 127.0.0.1 --spider examples/js.py:Rendered
 """
 
 from __future__ import annotations

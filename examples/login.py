@@ -3,9 +3,10 @@
 ``keep_cookies`` gives the crawl one cookie jar, kept in the frontier: the session the login
 opens is stored in the same transaction as the login's completion, shared by every crawl
 process and kept across restarts, so a killed crawl does not log in again while the session
-is valid. ``from_form`` keeps the form's hidden CSRF field and fills in the rest.
+is valid. ``from_form`` keeps the form's hidden CSRF field and fills in the rest. The sandbox
+runs on loopback, hence ``--allow-private`` (``SANDBOX=URL`` for one not at 127.0.0.1:8000):
 
-    SANDBOX=http://127.0.0.1:8000 idemcrawl crawl --db members.db --spider examples/login.py:Members
+    idemcrawl crawl --db members.db --allow-private 127.0.0.1 --spider examples/login.py:Members
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 ``from_form`` submits the page's form as a browser would (hidden fields kept, ``q`` filled
 in); the query travels to the results callback as context. Each submission is its own
 request (method + URL + body), stored with its body, so after a kill it is sent again
-exactly as it was.
+exactly as it was. The sandbox runs on loopback, hence ``--allow-private`` (``SANDBOX=URL``
+for one not at 127.0.0.1:8000):
 
-    SANDBOX=http://127.0.0.1:8000 idemcrawl crawl --db search.db --spider examples/search.py:Search
+    idemcrawl crawl --db search.db --allow-private 127.0.0.1 --spider examples/search.py:Search
 """
 
 from __future__ import annotations

@@ -661,6 +661,26 @@ COMMANDS = {
 }
 
 
+#: Commands whose --db must name an existing crawl. It is opened (and closed) once before the
+#: command runs, so a database it cannot use is reported like everywhere else, before the
+#: command prints anything (reparse's progress) or looks elsewhere first (reparse's WARC store).
+_OPENS_EXISTING = frozenset({"status", "export", "events", "reparse", "control", "serve"})
+
+
+def _check_databases(args: argparse.Namespace) -> None:
+    """Every command's --db goes through here first: a server URL without the PostgreSQL
+    driver (a raw ImportError otherwise, from `db init` too) and a crawl that cannot be
+    opened end as one line through main()'s handler (a FrontierError)."""
+    given = getattr(args, "db", None)
+    for db in [given] if isinstance(given, str) else given or []:
+        if db.startswith(("postgresql://", "postgres://")):
+            from .frontier.postgres import require_driver
+
+            require_driver()
+        if args.command in _OPENS_EXISTING:
+            open_frontier(db, create=False).close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own = lab_commands.run_own_parser(argv)  # sim and bench crawl own their (many) options
@@ -668,6 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return own
     args = build_parser().parse_args(argv)
     try:
+        _check_databases(args)
         return COMMANDS[args.command](args)
     except (
         UsageError,

@@ -38,14 +38,28 @@ def test_concurrent_first_open_migrates_once(tmp_path: Path) -> None:
         con.close()
 
 
-def test_refuses_foreign_sqlite_file(tmp_path: Path) -> None:
+def test_refuses_foreign_sqlite_file_without_changing_it(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE t (x)")
     con.commit()
     con.close()
+    before = path.read_bytes()
     with pytest.raises(FrontierError, match="not an idemcrawl crawl"):
         SQLiteFrontier(str(path))
+    # Someone else's database: not switched to WAL mode (a header write), no -wal/-shm files.
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def test_refuses_a_directory_with_a_frontier_error(tmp_path: Path) -> None:
+    """The failed open closes its own connection: it used to reach for ``self._db``, which
+    ``sqlite3.connect`` had not yet set, and raise AttributeError instead."""
+    with pytest.raises(FrontierError, match="is a directory, not a database file"):
+        SQLiteFrontier(str(tmp_path))
+    with pytest.raises(FrontierError, match="is a directory"):
+        SQLiteFrontier(str(tmp_path), create=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_refuses_newer_schema(tmp_path: Path) -> None:
@@ -67,6 +81,7 @@ def test_refuses_garbage_and_missing(tmp_path: Path) -> None:
         SQLiteFrontier(str(tmp_path / "none.db"), create=False)
     with pytest.raises(FrontierError, match="directory"):
         SQLiteFrontier(str(tmp_path / "no" / "dir.db"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.db"]
 
 
 def test_reopen_keeps_state(tmp_path: Path) -> None:

@@ -52,9 +52,11 @@ def open_frontier(db: str, *, create: bool = True) -> Frontier:
     A server URL whose schema holds a partition map (``idemcrawl db init --partitions``) opens
     the whole partitioned crawl (``fleet.frontier.PartitionedFrontier``)."""
     if db.startswith(("postgresql://", "postgres://")):
-        # Imported here: psycopg is the optional "postgres" extra (FrontierError if missing).
-        from .postgres import PostgresFrontier
+        # Imported here: psycopg is the optional "postgres" extra (FrontierError if missing,
+        # before the fleet layer, which imports it outright).
+        from .postgres import PostgresFrontier, require_driver
 
+        require_driver()
         dsn, schema = split_schema(db)
         # A schema holding a partition map is a crawl over several servers (issue 15): the
         # fleet layer routes the same contract over its partitions. Anything else is as before.

@@ -132,6 +132,15 @@ class _Attempt:
     result: Any = None
 
 
+def require_driver() -> None:
+    """Raise FrontierError naming the fix when psycopg (the "postgres" extra) is missing."""
+    if psycopg is None:
+        raise FrontierError(
+            "a postgresql:// database needs psycopg 3, which is not installed: "
+            "pip install 'idemcrawl[postgres]'"
+        )
+
+
 def _describe(params: dict[str, Any]) -> str:
     """host:port/dbname for messages, never the password."""
     host = params.get("host") or params.get("hostaddr") or "localhost"
@@ -162,10 +171,7 @@ class PostgresFrontier(Scheduler):
         retry_seconds: float = 60.0,
         rng: random.Random | None = None,
     ) -> None:
-        if psycopg is None:
-            raise FrontierError(
-                "the PostgreSQL frontier needs psycopg 3: pip install 'idemcrawl[postgres]'"
-            )
+        require_driver()
         self.schema = DEFAULT_SCHEMA if schema is None else schema
         if not self.schema or "\x00" in self.schema or len(self.schema.encode()) > 63:
             raise FrontierError(f"invalid PostgreSQL schema name {self.schema!r}")

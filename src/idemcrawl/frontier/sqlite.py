@@ -542,15 +542,13 @@ class SQLiteFrontier(Scheduler):
 
     def __init__(self, path: str, *, create: bool = True, rng: random.Random | None = None) -> None:
         self.path = path
-        if not create and not os.path.exists(path):
-            raise FrontierError(f"no crawl database at {path!r}")
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise FrontierError(f"cannot create database {path!r}: directory {parent!r} missing")
+        _check_path(path, create)
         deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1e3
         while True:
+            # A failed attempt closes its own connection: ``self._db`` may not exist yet.
+            db: sqlite3.Connection | None = None
             try:
-                self._db = sqlite3.connect(
+                db = self._db = sqlite3.connect(
                     path,
                     isolation_level=None,
                     check_same_thread=False,
@@ -558,6 +556,7 @@ class SQLiteFrontier(Scheduler):
                     cached_statements=_CACHED_STATEMENTS,
                 )
                 self._db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+                self._refuse_foreign()  # before WAL mode, which would change the file
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=OFF")
@@ -570,13 +569,19 @@ class SQLiteFrontier(Scheduler):
                 # Processes opening a new file together: switching it to WAL and migrating
                 # need its exclusive lock, and SQLite answers "locked" at once (no busy wait)
                 # where waiting could deadlock. Another process is doing it: try again.
-                self._db.close()
+                if db is not None:
+                    db.close()
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise FrontierError(f"cannot open crawl database {path!r}: {exc}") from exc
                 time.sleep(0.05)
             except sqlite3.DatabaseError as exc:
-                self._db.close()
+                if db is not None:
+                    db.close()
                 raise FrontierError(f"cannot open crawl database {path!r}: {exc}") from exc
+            except BaseException:  # our own checks (not a crawl, newer schema)
+                if db is not None:
+                    db.close()
+                raise
         self._lock = threading.Lock()
         self._rng = rng if rng is not None else random.Random()
         self._checkpointer = _Checkpointer(path)
@@ -584,6 +589,21 @@ class SQLiteFrontier(Scheduler):
     def migrate(self) -> int:
         """The schema version (opening the file already brought it up to date)."""
         return SCHEMA_VERSION
+
+    def _refuse_foreign(self) -> None:
+        """Refuse an SQLite file that is not a crawl before anything changes it.
+
+        Switching to WAL mode rewrites the file's header, so pointing ``--db`` at some other
+        program's database must fail first. A crawl being created by another process right now
+        is no false alarm: its tables and its ``user_version`` are committed together.
+        """
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version == 0 and self._has_tables():
+            raise FrontierError(f"{self.path!r} is an SQLite file but not an idemcrawl crawl")
+
+    def _has_tables(self) -> bool:
+        query = "SELECT count(*) FROM sqlite_master WHERE type='table'"
+        return bool(self._db.execute(query).fetchone()[0])
 
     def _migrate(self) -> None:
         """Bring the schema to SCHEMA_VERSION; safe when several processes open a new file."""
@@ -599,14 +619,8 @@ class SQLiteFrontier(Scheduler):
                     f"database {self.path!r} has schema version {version}, newer than this "
                     f"idemcrawl ({SCHEMA_VERSION}); upgrade idemcrawl"
                 )
-            if version == 0:
-                tables = self._db.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE type='table'"
-                ).fetchone()[0]
-                if tables:
-                    raise FrontierError(
-                        f"{self.path!r} is an SQLite file but not an idemcrawl crawl"
-                    )
+            if version == 0 and self._has_tables():
+                raise FrontierError(f"{self.path!r} is an SQLite file but not an idemcrawl crawl")
             for target in range(version + 1, SCHEMA_VERSION + 1):
                 for stmt in _split_sql(MIGRATIONS[target - 1]):
                     self._db.execute(stmt)
@@ -635,9 +649,11 @@ class SQLiteFrontier(Scheduler):
                 result = fn(store)
                 if write:
                     store.write_counters()
-            except BaseException:
+            except BaseException as exc:
                 if begin is not None:
                     self._db.execute("ROLLBACK")
+                if _read_only(exc):  # e.g. `control` on a file it may only read
+                    raise FrontierError(f"crawl database {self.path!r} is read-only") from exc
                 raise
             if begin is not None:
                 self._db.execute("COMMIT")
@@ -657,6 +673,33 @@ class SQLiteFrontier(Scheduler):
         self._checkpointer.stop()
         with self._lock:
             self._db.close()
+
+
+def _check_path(path: str, create: bool) -> None:
+    """Refuse a path that cannot hold this crawl before SQLite touches it (and, for a missing
+    or foreign file, creates or changes anything): one clear reason instead of SQLite's
+    "unable to open database file" or a failure at the crawl's first write."""
+    if os.path.isdir(path):
+        example = os.path.join(path, "crawl.db")
+        raise FrontierError(f"{path!r} is a directory, not a database file (e.g. {example!r})")
+    if os.path.exists(path):
+        if create and not os.access(path, os.R_OK | os.W_OK):
+            # ``create`` is the crawl's (and migrate's) open: it will write.
+            raise FrontierError(f"crawl database {path!r} is read-only")
+        return
+    if not create:
+        raise FrontierError(f"no crawl database at {path!r}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FrontierError(f"cannot create database {path!r}: directory {parent!r} missing")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise FrontierError(f"cannot create database {path!r}: directory {parent!r} is read-only")
+
+
+def _read_only(exc: BaseException) -> bool:
+    """SQLite refused a write because the file (or its directory) is read-only."""
+    code = getattr(exc, "sqlite_errorcode", None) or 0
+    return isinstance(exc, sqlite3.Error) and code & 0xFF == sqlite3.SQLITE_READONLY
 
 
 def _split_sql(script: str) -> list[str]:

@@ -10,6 +10,7 @@ costs a crawl's start-up nothing.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -232,6 +233,27 @@ def run_own_parser(argv: Sequence[str]) -> int | None:
 
 
 def cmd_testsite(a: argparse.Namespace) -> int:
+    try:
+        return _serve_testsite(a)
+    except (OSError, RuntimeError) as exc:
+        if not _address_in_use(exc):
+            raise
+        raise UsageError(
+            f"port {a.port} on {a.host} is in use (another test site still running?); "
+            "pick another with --port N, or --port 0 for any free port"
+        ) from None
+
+
+def _address_in_use(exc: BaseException | None) -> bool:
+    """EADDRINUSE, raised directly or as the cause of a server's "failed to start"."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _serve_testsite(a: argparse.Namespace) -> int:
     if a.site == "sandbox":
         from idemcrawl.lab.testsite.sandbox import SandboxServer
 
@@ -248,10 +270,13 @@ def cmd_testsite(a: argparse.Namespace) -> int:
     if a.site == "traps":
         from aiohttp import web
 
+        from idemcrawl.lab.testsite.server import bind, url_host
         from idemcrawl.lab.testsite.traps import TrapSite
 
-        print(f"serving trap site at http://{a.host}:{a.port}/", flush=True)
-        web.run_app(TrapSite().app(), host=a.host, port=a.port, print=None)
+        sock = bind(a.host, a.port)  # bound before the line is printed, with the real port
+        port = sock.getsockname()[1]
+        print(f"serving trap site at http://{url_host(a.host)}:{port}/", flush=True)
+        web.run_app(TrapSite().app(), sock=sock, print=None)
         return 0
     if a.site == "politeness":
         from idemcrawl.lab.testsite.multihost import default_hosts, serve_multihost
