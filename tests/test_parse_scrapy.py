@@ -206,7 +206,8 @@ def test_allowed_domains_filter_links_requests_and_redirects(
         "http://b.test/y",
         "http://shop.b.test/l",
     ]
-    assert res.rejected == {"out_of_scope": 2}  # the request and the str (links() drops)
+    # c.test/z and aa.test that links() left out, then the request and the str
+    assert res.rejected == {"out_of_scope": 4}
     # The crawl's own scope still applies on top: host scope keeps only a.test here.
     host = _run(monkeypatch, Offsite, LINKS, scope="host")
     assert [u.url for u in host.links] == ["http://a.test/in"]
