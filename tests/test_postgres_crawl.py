@@ -132,3 +132,32 @@ def test_chaos_on_postgres_is_exact_and_drops_its_schemas(tmp_path: Path) -> Non
 def test_chaos_refuses_an_unknown_database() -> None:
     res = run_cli("chaos", "--db", "mysql://x", "--runs", "1", timeout=60)
     assert res.returncode == 2 and "--db must be" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_crawl_started_while_its_server_is_down_waits_for_it(tmp_path: Path) -> None:
+    """A fleet member (re)started during its server's outage (a restart, a crash's recovery)
+    says it waits and crawls once the server is back, instead of exiting (issue 36)."""
+    from idemcrawl.lab.pgserver import PgServer, find_bin_dir
+
+    from .frontier.conftest import in_ci
+
+    if find_bin_dir() is None:
+        if in_ci():
+            pytest.fail("CI must run this test: no PostgreSQL server binaries", pytrace=False)
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on this machine")
+    with PgServer() as server, MultiHostServer([HostSpec("a", pages=3)]) as site:
+        server.pause()
+        proc = spawn_cli(
+            "crawl", site.seed_urls[0], "--db", f"{server.dsn}?schema=waits",
+            "--allow-private", "127.0.0.1", "--delay", "0", "--no-warc", "--db-wait", "60",
+            "--json",
+        )  # fmt: skip
+        time.sleep(2.5)
+        assert proc.poll() is None  # still waiting, not gone
+        server.resume()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "waiting up to 60 s for the database server" in err
+        assert json.loads(out.splitlines()[-1])["complete"] is True
+        assert {e["path"] for e in site.request_log()} >= {"/p/0", "/p/1", "/p/2"}

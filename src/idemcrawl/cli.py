@@ -58,6 +58,8 @@ _SIZE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("bytes", 1
 _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
     ("--db", None, "crawl database: an SQLite file path or postgresql://… (required, here or "
      "in --config)"),
+    ("--db-wait", seconds, "seconds to keep trying a database server that refuses connections "
+     "or is starting up before giving up (default {db_wait}; 0 = fail at once)"),
     ("--sitemap", "repeat", "read this sitemap (or sitemap index, gzip allowed); repeatable",
      {"metavar": "URL"}),
     ("--spider", None,
@@ -175,8 +177,8 @@ _CRAWL_FLAGS: tuple[tuple[Any, ...], ...] = (
 #: listed under "other options" (a test keeps that list empty).
 _CRAWL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("what to crawl", (
-        "URL", "--config", "--db", "--sitemap", "--scope", "--allow-private", "--max-pages",
-        "--horizon", "--requisites",
+        "URL", "--config", "--db", "--db-wait", "--sitemap", "--scope", "--allow-private",
+        "--max-pages", "--horizon", "--requisites",
     )),
     ("spider", ("--spider", "--render", "--render-timeout", "--render-contexts")),
     ("politeness (per host, shared by every process of the crawl)", (

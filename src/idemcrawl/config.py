@@ -43,6 +43,10 @@ class CrawlConfig:
     delay: float = 1.0
     #: A lease must outlive a whole fetch + parse; expiry is only for crashed owners.
     lease_seconds: float = 120.0
+    #: Seconds a starting crawl keeps trying a database server that refuses connections or is
+    #: starting up (a restart, a crash's recovery) before it gives up: a fleet member started
+    #: during its server's outage starts when the server is back (``open_frontier``).
+    db_wait: float = 60.0
     #: Leases kept in hand beyond the workers waiting for one (``engine/feeder.py``), only
     #: from hosts that space no starts; None: ``concurrency`` (``leases_ahead``); 0: lease only for
     #: waiting workers.
@@ -158,6 +162,8 @@ class CrawlConfig:
             problems.append("--delay must be >= 0")
         if self.lease_seconds <= 0:
             problems.append("--lease-seconds must be > 0")
+        if not self.db_wait >= 0:
+            problems.append("--db-wait must be >= 0")
         if self.lease_ahead is not None and not 0 <= self.lease_ahead <= 100_000:
             problems.append("--lease-ahead must be between 0 and 100000")
         if self.scope not in ("host", "domain", "any"):
@@ -307,6 +313,7 @@ FILE_KEYS: dict[str, tuple[type, ...]] = {
     "host_concurrency": (int,),
     "delay": (int, float),
     "lease_seconds": (int, float),
+    "db_wait": (int, float),
     "lease_ahead": (int,),
     "scope": (str,),
     "allow_private": (list,),
@@ -370,7 +377,9 @@ HOST_KEYS: dict[str, tuple[type, ...]] = {
 
 #: Crawl settings only the operator gives (flags, ``--config``), never a spider's
 #: ``custom_settings``: what to crawl and where to store it, and the two that lift a safeguard.
-OPERATOR_KEYS = frozenset({"db", "seeds", "sitemaps", "spider", "ignore_robots", "allow_private"})
+OPERATOR_KEYS = frozenset(
+    {"db", "db_wait", "seeds", "sitemaps", "spider", "ignore_robots", "allow_private"}
+)
 
 
 def _same(value: Any) -> Any:

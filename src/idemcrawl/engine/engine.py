@@ -131,7 +131,10 @@ class Engine:
         if self._given_frontier is not None:
             self._frontier = self._given_frontier
         else:
-            self._frontier = await call(open_frontier, self.cfg.db)
+            self._frontier = await call(
+                partial(open_frontier, wait=self.cfg.db_wait, say=self._say),
+                self.cfg.db,
+            )
             resources.push_async_callback(call, self._frontier.close)
         return call
 

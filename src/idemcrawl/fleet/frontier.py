@@ -63,7 +63,6 @@ from .partition_map import (
     LOCAL_ID_MASK,
     MAP_TABLES,
     PartitionMap,
-    ServerUnreachable,
     connect,
     global_id,
     load_map,
@@ -749,10 +748,10 @@ class PartitionedFrontier:
 
 def open_partitioned(dsn: str, schema: str | None, **kw: Any) -> PartitionedFrontier | None:
     """The partitioned crawl whose map is in ``schema`` at ``dsn``; None for an ordinary one."""
-    try:
-        pmap = load_map(dsn, schema or "idemcrawl")
-    except ServerUnreachable:
-        return None  # unreachable: the ordinary frontier reports it as it always has
+    # An unreachable server raises (ServerUnreachable): returning None would let the caller
+    # open the schema as an ordinary crawl, and create one there if the server came back in
+    # between.
+    pmap = load_map(dsn, schema or "idemcrawl")
     return None if pmap is None else PartitionedFrontier(pmap, **kw)
 
 

@@ -7,6 +7,8 @@ a ``postgresql://`` URL, or ``memory:`` / ``memory:NAME`` (in this process only,
 from __future__ import annotations
 
 import importlib
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .base import Frontier, FrontierError
@@ -46,11 +48,49 @@ def split_schema(dsn: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(query=urlencode(rest))), schema
 
 
-def open_frontier(db: str, *, create: bool = True) -> Frontier:
+def open_frontier(
+    db: str,
+    *,
+    create: bool = True,
+    wait: float = 0.0,
+    say: Callable[[str], None] | None = None,
+) -> Frontier:
     """Open the crawl database named by ``db``: a file path (SQLite), a server URL, or
     ``memory:[NAME]`` (handles opened with the same NAME share one crawl while any is open).
     A server URL whose schema holds a partition map (``idemcrawl db init --partitions``) opens
-    the whole partitioned crawl (``fleet.frontier.PartitionedFrontier``)."""
+    the whole partitioned crawl (``fleet.frontier.PartitionedFrontier``).
+
+    ``wait``: seconds to keep trying a database server that refuses connections or is still
+    starting up (a restart, a crash's recovery), saying so once through ``say``; a crawl
+    member started during its server's outage then starts when the server is back instead of
+    exiting. Anything else (a wrong address's name, password or database, a schema from a
+    newer idemcrawl) fails at once, as does everything with ``wait = 0``."""
+    deadline = time.monotonic() + wait
+    pause = 0.25
+    while True:
+        try:
+            return _open(db, create)
+        except FrontierError as exc:
+            if not _server_away(exc) or time.monotonic() + pause > deadline:
+                raise
+            if say is not None and pause == 0.25:
+                say(f"waiting up to {wait:g} s for the database server: {exc}")
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
+
+
+def _server_away(exc: BaseException) -> bool:
+    """A server that did not accept the connection (refused, unreachable, or PostgreSQL's
+    57P03 "starting up" / "in recovery"), as opposed to one that answered no (SQLSTATE)."""
+    cause = exc.__cause__
+    if cause is None or type(cause).__module__.split(".")[0] != "psycopg":
+        return False
+    import psycopg
+
+    return isinstance(cause, psycopg.OperationalError) and cause.sqlstate in (None, "57P03")
+
+
+def _open(db: str, create: bool) -> Frontier:
     if db.startswith(("postgresql://", "postgres://")):
         # Imported here: psycopg is the optional "postgres" extra (FrontierError if missing,
         # before the fleet layer, which imports it outright).
