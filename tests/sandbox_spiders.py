@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from examples.catalog import Catalog
+from examples.login import Members
 from idemcrawl.parse import Page, Record, Request
 
 
@@ -58,3 +59,10 @@ class CleanCatalog(StrictCatalog):
 
     def process_record(self, record: Record) -> Record | None:
         return Record(record.key, {**record.data, "price": float(record.data["price"])})
+
+
+class MembersWithoutCookies(Members):
+    """The login spider with its cookie jar turned off (Scrapy's ``COOKIES_ENABLED = False``):
+    the login's CSRF check fails, so there is no session and no members' deal."""
+
+    keep_cookies = False

@@ -28,9 +28,11 @@ from idemcrawl.lab.testsite.sandbox import (
 from .helpers import DEVNULL, run, spawn
 
 
-def crawl_cmd(db: Path | str, spider: str, *seeds: str, concurrency: int = 4) -> list[str]:
+def crawl_cmd(db: Path | str, spider: str | None, *seeds: str, concurrency: int = 4) -> list[str]:
+    """A crawl of the sandbox; ``spider`` None: the plain crawl without ``--spider``."""
     return [
-        sys.executable, "-m", "idemcrawl", "crawl", *seeds, "--db", str(db), "--spider", spider,
+        sys.executable, "-m", "idemcrawl", "crawl", *seeds, "--db", str(db),
+        *(["--spider", spider] if spider else []),
         "--concurrency", str(concurrency), "--host-concurrency", str(concurrency),
         "--delay", "0", "--latency-factor", "0", "--allow-private", "127.0.0.1", "--quiet",
     ]  # fmt: skip
@@ -153,8 +155,38 @@ def test_search_and_login_examples(tmp_path: Path) -> None:
     members = [e for e in log if e["path"].startswith("/members")]
     assert len(members) == 1 + server.cfg.members
     assert all("session=" in e["cookie"] for e in members)
-    # Cookies are the spider's choice: the search spider sent none.
-    assert all(not e["cookie"] for e in log if "search" in e["path"])
+
+
+def test_spiders_keep_cookies_unless_they_say_not_to(tmp_path: Path) -> None:
+    """The login spider sets nothing about cookies (as a Scrapy spider would not) and logs in
+    (above); with ``keep_cookies = False`` it sends no cookie, so the CSRF check fails and the
+    members' pages are never reached. A crawl without a spider keeps no cookies either."""
+    from examples.login import Members
+
+    assert "keep_cookies" not in vars(Members)
+    with SandboxServer() as server:
+        env = {"SANDBOX": server.base_url}
+        done = run(
+            crawl_cmd(tmp_path / "off.db", "tests.sandbox_spiders:MembersWithoutCookies"), env=env
+        )
+        assert done.returncode == 0, done.stderr
+        off = server.requests()
+        base = server.base_url
+        plain = crawl_cmd(tmp_path / "plain.db", None, f"{base}/login", f"{base}/")
+        done = run(plain)
+        assert done.returncode == 0, done.stderr
+        log = server.requests()[len(off) :]
+    assert [(e["method"], e["path"]) for e in off if e["path"].startswith("/login")] == [
+        ("GET", "/login"),
+        ("POST", "/login"),
+    ]
+    assert not [e for e in off if e["cookie"]]
+    assert not [e for e in off if e["path"].startswith("/members")]
+    assert records(tmp_path / "off.db") == {}
+    # The plain crawl got the login page's cookie, then fetched the rest of the site without it.
+    first_login = next(i for i, e in enumerate(log) if e["path"] == "/login")
+    assert len(log) > first_login + 10
+    assert not [e for e in log if e["cookie"]]
 
 
 @pytest.mark.slow

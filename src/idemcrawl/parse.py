@@ -576,10 +576,12 @@ class Spider:
     parse_non_html: bool = False
     #: Where a crawl with this spider starts (``crawl --spider`` then needs no seed URL).
     start_urls: Iterable[str] = ()
-    #: Keep a cookie jar for the crawl (a login's session): stored in the frontier, shared by
-    #: every crawl process, kept across restarts (``idemcrawl.cookies``). Off by default: a
-    #: broad crawl should not carry tracking cookies from page to page.
-    keep_cookies: bool = False
+    #: Keep a cookie jar for the crawl (a login's session), as Scrapy, Crawlee and browsers
+    #: do: stored in the frontier, shared by every crawl process, kept across restarts
+    #: (``idemcrawl.cookies``). ``False`` sends no cookie at all. A crawl without a spider
+    #: (plain link following from seeds) keeps none: it has no session to keep, and a broad
+    #: crawl should not carry tracking cookies from page to page.
+    keep_cookies: bool = True
     #: What every record's data must be: a dataclass or a pydantic model (anything with
     #: ``model_validate``). A record that does not fit fails its URL with the reason (fix the
     #: spider, then ``idemcrawl reparse --where-failed``); what is stored is the validated data

@@ -199,7 +199,9 @@ class Engine:
             Fetcher(fetch_settings(cfg), cfg.concurrency, self._resolver)
         )
 
-        keep_cookies = load_spider(spider_spec(cfg.spider)).keep_cookies
+        # A spider keeps cookies unless it says otherwise; the plain crawl without a spider
+        # keeps none (the base Spider's default is a spider author's, not an operator's).
+        keep_cookies = bool(cfg.spider) and load_spider(spider_spec(cfg.spider)).keep_cookies
         jar = CookieJar() if keep_cookies else None
         if jar is not None:
             jar.load(await call(partial(frontier.cookies, clock.time())))
