@@ -66,3 +66,16 @@ class MembersWithoutCookies(Members):
     the login's CSRF check fails, so there is no session and no members' deal."""
 
     keep_cookies = False
+
+
+class BuggyCatalog(Catalog):
+    """The catalogue with two bugs a Scrapy user makes: a context key the listing never sent
+    (even items: a KeyError), and an item yielded as a plain dict (odd items)."""
+
+    def parse_item(self, page: Page) -> Iterator[Any]:
+        n = int(page.url.rsplit("/", 1)[1])
+        if n % 2 == 0:
+            colour = page.data["colour"]
+            yield Record(f"item-{n}", {"colour": colour})
+        else:
+            yield {"item": n}

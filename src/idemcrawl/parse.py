@@ -34,6 +34,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 from . import url as urls
 from .dedup import page_simhash
 from .encoding import detect_encoding
+from .failures import TRACE_FRAMES, spider_trace
 from .frontier.base import (
     DOWNLOAD,
     METHODS,
@@ -1024,6 +1025,8 @@ class ParseResult:
     #: Links not followed, by reason class (out_of_scope, invalid_url, url_length, depth, …).
     rejected: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    #: Where the spider's exception rose, when ``error`` is one (``failures.spider_trace``).
+    trace: str | None = None
     #: 64-bit SimHash of an HTML page's visible text (:func:`dedup.simhash64` of
     #: :func:`dedup.visible_text`), for near-duplicate grouping at completion (R11).
     simhash: int | None = None
@@ -1046,6 +1049,7 @@ class ParseResult:
                 *self.links._wire(),
                 self.rejected,
                 self.error,
+                self.trace,
                 self.simhash,
                 self.canonical,
                 warc,
@@ -1065,6 +1069,7 @@ def _result_from_wire(
     rest: list[LinkRest] | None,
     rejected: dict[str, int],
     error: str | None,
+    trace: str | None,
     simhash: int | None,
     canonical: str | None,
     warc: tuple[Any, ...] | None,
@@ -1074,6 +1079,7 @@ def _result_from_wire(
         LinkColumns._from_wire(urls, hosts, common, rest),
         rejected,
         error,
+        trace,
         simhash,
         canonical,
         None if warc is None else BuiltExchange(*warc),
@@ -1096,8 +1102,11 @@ class Parser:
         *,
         simhash: bool = True,
         requisites: bool = False,
+        trace_frames: int | None = TRACE_FRAMES,
     ) -> None:
         self.spider = load_spider(spider_spec)()
+        #: Frames kept of a spider exception's traceback (None: all, for ``idemcrawl parse``).
+        self.trace_frames = trace_frames
         #: Also discover what each HTML page needs to render (``crawl --requisites``).
         self.requisites = requisites
         #: Compute ParseResult.simhash for HTML pages (~0.5 ms per 15 KB page).
@@ -1172,8 +1181,10 @@ class Parser:
         append_url, append_host = links.urls.append, links.hosts.append
         plain: LinkRest = (0, depth, QUEUED, None, PAGE, 0, None)  # one object: see add()
         inline = 0 <= depth <= self.limits.max_depth
+        produced: Any = None
         try:
-            for item in self._callback(callback)(page) or ():
+            produced = self._callback(callback)(page) or ()
+            for item in produced:
                 if isinstance(item, str):
                     hk = checked.get(item) if inline else None
                     if hk is not None and verdicts.get(item, _UNCHECKED) is None:
@@ -1195,9 +1206,11 @@ class Parser:
                 elif isinstance(item, Download):
                     self._follow_page_link(result, item.url, page, depth, item.priority, DOWNLOAD)
                 else:
+                    dict_hint = type(item) is dict
+                    hint = " (a Scrapy item dict is Record(key, data))" if dict_hint else ""
                     raise TypeError(
                         f"spider yielded {type(item).__name__}; "
-                        "expected Record, Request, Link, Download or str"
+                        f"expected Record, Request, Link, Download or str{hint}"
                     )
             if page.is_html:
                 result.canonical = _canonical_hint(page)
@@ -1210,7 +1223,10 @@ class Parser:
         except MemoryError:
             return ParseResult(error="parse error: memory limit exceeded")
         except Exception as exc:  # a spider bug must fail this URL, not the crawl
-            return ParseResult(error=f"parse error: {type(exc).__name__}: {exc}"[:500])
+            return ParseResult(
+                error=f"parse error: {type(exc).__name__}: {exc}"[:500],
+                trace=spider_trace(exc, produced, self.trace_frames),
+            )
         return result
 
     def _callback(self, name: str | None) -> Callable[[Page], Iterable[Any]]:
