@@ -18,6 +18,7 @@ from .config import FILE_KEYS, ConfigError, FlagLists, default_of, layered_confi
 from .control import ACTIONS, ControlError, apply_control, parse_control
 from .events import WebhookError
 from .export import ExportError
+from .failures import CRAWL_EXIT_STATUSES, failure_lines
 from .frontier import FrontierError, open_frontier
 from .lab import commands as lab_commands
 from .parse import SpiderLoadError
@@ -170,6 +171,7 @@ def _add_crawl_parser(sub: Any) -> None:
         description="Crawl from seed URLs. Rerunning the same command on the same database "
         "resumes; on a finished database it makes no request. Settings come from the built-in "
         "defaults, then --config FILE, then the flags given here.",
+        epilog=CRAWL_EXIT_STATUSES,
     )
     c.add_argument("urls", nargs="*", metavar="URL", help="seed URLs (optional when resuming)")
     c.add_argument("--config", help='TOML file with crawl settings and [hosts."HOST"] overrides')
@@ -372,6 +374,8 @@ def cmd_crawl(a: argparse.Namespace) -> int:
             f"{summary.seconds:.1f} s"
         )
         for line in work_left_lines(summary):
+            print(line)
+        for line in failure_lines(summary.failed_urls, summary.failures):
             print(line)
     if summary.fatal:
         print(f"idemcrawl crawl: error: {summary.fatal}; rerun to resume", file=sys.stderr)

@@ -14,6 +14,7 @@ from aiohttp.abc import AbstractResolver
 from .. import owner as owners
 from ..config import CrawlConfig
 from ..cookies import CookieJar
+from ..failures import REASONS_SHOWN
 from ..fetch import Fetcher, FetchSettings
 from ..frontier import Frontier, open_frontier
 from ..parse import load_spider
@@ -292,6 +293,9 @@ class Engine:
             left = await call(work_left, frontier, clock.time())
             summary.left = {"queued": left.queued, "leased": left.leased, "deferred": left.deferred}
             summary.waiting = [w.as_dict() for w in left.waiting]
+            summary.failed_urls = left.failed
+            if left.failed:  # read only then: a crawl without failures pays nothing for it
+                summary.failures = await call(frontier.failure_reasons, REASONS_SHOWN)
 
     async def _run_tasks(
         self,
