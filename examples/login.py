@@ -1,7 +1,7 @@
 """A login with a CSRF token, then members-only pages (``testsite --site sandbox``).
 
-``keep_cookies`` gives the crawl one cookie jar, kept in the frontier: the session the login
-opens is stored in the same transaction as the login's completion, shared by every crawl
+A spider keeps cookies by default (``keep_cookies = False`` turns that off), in one cookie jar
+per crawl, kept in the frontier: the session the login opens is stored in the same transaction as the login's completion, shared by every crawl
 process and kept across restarts, so a killed crawl does not log in again while the session
 is valid. ``from_form`` keeps the form's hidden CSRF field and fills in the rest. The sandbox
 runs on loopback, hence ``--allow-private`` (``SANDBOX=URL`` for one not at 127.0.0.1:8000):
@@ -21,7 +21,6 @@ SANDBOX = os.environ.get("SANDBOX", "http://127.0.0.1:8000")
 
 class Members(Spider):
     name = "members"
-    keep_cookies = True
 
     def start_requests(self) -> Iterator[Request]:
         yield Request(f"{SANDBOX}/login", self.login)

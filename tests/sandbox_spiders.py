@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from examples.catalog import Catalog
+from examples.login import Members
 from idemcrawl.parse import Page, Record, Request, Spider
 
 
@@ -101,3 +102,23 @@ class ScrapyHabits(Spider):
                 "listing_page": listing_page,
             },
         )
+
+
+class MembersWithoutCookies(Members):
+    """The login spider with its cookie jar turned off (Scrapy's ``COOKIES_ENABLED = False``):
+    the login's CSRF check fails, so there is no session and no members' deal."""
+
+    keep_cookies = False
+
+
+class BuggyCatalog(Catalog):
+    """The catalogue with two bugs a Scrapy user makes: a context key the listing never sent
+    (even items: a KeyError), and an item yielded as a plain dict (odd items)."""
+
+    def parse_item(self, page: Page) -> Iterator[Any]:
+        n = int(page.url.rsplit("/", 1)[1])
+        if n % 2 == 0:
+            colour = page.data["colour"]
+            yield Record(f"item-{n}", {"colour": colour})
+        else:
+            yield {"item": n}

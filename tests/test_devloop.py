@@ -77,6 +77,27 @@ def test_parse_runs_the_named_callback_with_its_context() -> None:
     assert fetched == 1  # the bad callback and the bad data were refused before any request
 
 
+def test_parse_shows_the_traceback_of_a_callback_that_raises() -> None:
+    from .sandbox_spiders import BuggyCatalog
+
+    spider = "tests.sandbox_spiders:BuggyCatalog"
+    with SandboxServer() as server:
+        url = f"{server.base_url}/item/2"
+        args = ("parse", url, "--spider", spider, "--callback", "parse_item", *LOOPBACK)
+        done = run_cli(*args)
+        as_json = run_cli(*args, "--json")
+    assert done.returncode == 1 == as_json.returncode, done.stderr
+    line_no = BuggyCatalog.parse_item.__code__.co_firstlineno + 3
+    lines = done.stdout.splitlines()
+    at = lines.index("error: parse error: KeyError: 'colour'")
+    assert lines[at + 1 : at + 4] == [
+        "traceback (most recent call last):",
+        f'  File "tests/sandbox_spiders.py", line {line_no}, in parse_item',
+        '    colour = page.data["colour"]',
+    ]
+    assert json.loads(as_json.stdout)["trace"].endswith('colour = page.data["colour"]')
+
+
 def test_parse_refuses_loopback_without_allow_private() -> None:
     with SandboxServer() as server:
         done = run_cli("parse", f"{server.base_url}/", "--spider", CATALOG)

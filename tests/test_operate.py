@@ -61,8 +61,14 @@ def test_live_progress_and_metrics_during_a_crawl(tmp_path: Path) -> None:
                 families[fam.name] = fam
                 for s in fam.samples:
                     samples[s.name + json.dumps(s.labels, sort_keys=True)] = s.value
-        _out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+        out, err = proc.communicate(timeout=60)
+    # Finished, but /always500 failed for good after its retries: exit status 4, and the end
+    # of the run says so, with the URL (a fetch error: no traceback).
+    assert proc.returncode == 4, err
+    report = out.splitlines()
+    at = report.index("failed URLs      1 (failed for good; by reason, most URLs first):")
+    assert report[at + 1].split(maxsplit=1) == ["1", "HTTP 500 (after 4 attempts)"]
+    assert report[at + 2].endswith("/always500") and len(report) == at + 3
     # Not a TTY: progress is JSON lines on stderr, with the live numbers.
     lines = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
     progress = [x for x in lines if x.get("type") == "progress"]

@@ -26,11 +26,14 @@ from idemcrawl.lab.testsite.sandbox import (
 )
 
 from .helpers import DEVNULL, run, spawn
+from .sandbox_spiders import BuggyCatalog
 
 
-def crawl_cmd(db: Path | str, spider: str, *seeds: str, concurrency: int = 4) -> list[str]:
+def crawl_cmd(db: Path | str, spider: str | None, *seeds: str, concurrency: int = 4) -> list[str]:
+    """A crawl of the sandbox; ``spider`` None: the plain crawl without ``--spider``."""
     return [
-        sys.executable, "-m", "idemcrawl", "crawl", *seeds, "--db", str(db), "--spider", spider,
+        sys.executable, "-m", "idemcrawl", "crawl", *seeds, "--db", str(db),
+        *(["--spider", spider] if spider else []),
         "--concurrency", str(concurrency), "--host-concurrency", str(concurrency),
         "--delay", "0", "--latency-factor", "0", "--allow-private", "127.0.0.1", "--quiet",
     ]  # fmt: skip
@@ -153,8 +156,38 @@ def test_search_and_login_examples(tmp_path: Path) -> None:
     members = [e for e in log if e["path"].startswith("/members")]
     assert len(members) == 1 + server.cfg.members
     assert all("session=" in e["cookie"] for e in members)
-    # Cookies are the spider's choice: the search spider sent none.
-    assert all(not e["cookie"] for e in log if "search" in e["path"])
+
+
+def test_spiders_keep_cookies_unless_they_say_not_to(tmp_path: Path) -> None:
+    """The login spider sets nothing about cookies (as a Scrapy spider would not) and logs in
+    (above); with ``keep_cookies = False`` it sends no cookie, so the CSRF check fails and the
+    members' pages are never reached. A crawl without a spider keeps no cookies either."""
+    from examples.login import Members
+
+    assert "keep_cookies" not in vars(Members)
+    with SandboxServer() as server:
+        env = {"SANDBOX": server.base_url}
+        done = run(
+            crawl_cmd(tmp_path / "off.db", "tests.sandbox_spiders:MembersWithoutCookies"), env=env
+        )
+        assert done.returncode == 0, done.stderr
+        off = server.requests()
+        base = server.base_url
+        plain = crawl_cmd(tmp_path / "plain.db", None, f"{base}/login", f"{base}/")
+        done = run(plain)
+        assert done.returncode == 0, done.stderr
+        log = server.requests()[len(off) :]
+    assert [(e["method"], e["path"]) for e in off if e["path"].startswith("/login")] == [
+        ("GET", "/login"),
+        ("POST", "/login"),
+    ]
+    assert not [e for e in off if e["cookie"]]
+    assert not [e for e in off if e["path"].startswith("/members")]
+    assert records(tmp_path / "off.db") == {}
+    # The plain crawl got the login page's cookie, then fetched the rest of the site without it.
+    first_login = next(i for i, e in enumerate(log) if e["path"] == "/login")
+    assert len(log) > first_login + 10
+    assert not [e for e in log if e["cookie"]]
 
 
 @pytest.mark.slow
@@ -218,7 +251,7 @@ def test_invalid_records_fail_their_urls_and_reparse_fixes_them(tmp_path: Path) 
     with SandboxServer() as server:
         seed = f"{server.base_url}/catalog"
         done = run(crawl_cmd(db, "tests.sandbox_spiders:StrictCatalog", seed))
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 4, done.stderr  # finished, but URLs failed for good
         fetched = len(server.requests())
     assert records(db) == {}
     con = sqlite3.connect(db)
@@ -247,6 +280,51 @@ def test_invalid_records_fail_their_urls_and_reparse_fixes_them(tmp_path: Path) 
     }
     assert records(db) == want
     assert len(server.requests()) == fetched
+    # Nothing failed any more: the crawl, run again, finishes with every URL done.
+    again = run(crawl_cmd(db, "tests.sandbox_spiders:StrictCatalog", seed))
+    assert again.returncode == 0, again.stderr
+    assert len(server.requests()) == fetched
+
+
+def test_failed_callbacks_are_shown_at_the_end_and_by_status(tmp_path: Path) -> None:
+    """A spider with two bugs (a KeyError in a callback, a dict yielded as an item): the end
+    of the crawl lists each reason with its count, the first URL and the line that broke, and
+    exits 4; ``status`` shows the same, and a run of the finished crawl ends the same way."""
+    db = tmp_path / "buggy.db"
+    spider = "tests.sandbox_spiders:BuggyCatalog"
+    with SandboxServer() as server:
+        base = server.base_url
+        cmd = [c for c in crawl_cmd(db, spider, f"{base}/catalog") if c != "--quiet"]
+        done = run(cmd)
+        fetched = len(server.requests())
+        again = run(cmd)
+        assert len(server.requests()) == fetched
+    assert done.returncode == 4, done.stderr
+    status = run([sys.executable, "-m", "idemcrawl", "status", "--db", str(db)])
+    as_json = run([sys.executable, "-m", "idemcrawl", "status", "--db", str(db), "--json"])
+    assert status.returncode == 0 == as_json.returncode, status.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith(" s") and "failed 20" in lines[0]
+    start = lines.index("failed URLs      20 (failed for good; by reason, most URLs first):")
+    key_error = lines.index("       10  parse error: KeyError: 'colour'")
+    dict_item = next(i for i, x in enumerate(lines) if "spider yielded dict" in x)
+    assert lines[dict_item].startswith("       10  parse error: TypeError: ")
+    assert "Record(key, data)" in lines[dict_item]
+    assert sorted([key_error, dict_item]) == [start + 1, start + 5]
+    first = int(lines[key_error + 1].removeprefix(f"           first: {base}/item/"))
+    assert first % 2 == 0
+    line_no = BuggyCatalog.parse_item.__code__.co_firstlineno + 3
+    assert lines[key_error + 2 : key_error + 4] == [
+        f'             File "tests/sandbox_spiders.py", line {line_no}, in parse_item',
+        '               colour = page.data["colour"]',
+    ]
+    assert lines[dict_item + 3] == '               yield {"item": n}'
+    report = lines[start : start + 9]  # the heading, then 4 lines for each reason
+    shown = status.stdout.splitlines()
+    assert shown[shown.index(report[0]) :][:9] == report
+    assert again.returncode == 4 and again.stdout.splitlines()[1:] == lines[1:]
+    reasons = json.loads(as_json.stdout)["failure_reasons"]
+    assert sorted(r["urls"] for r in reasons) == [10, 10]
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from idemcrawl.frontier import FrontierError, SQLiteFrontier
-from idemcrawl.frontier.base import NewURL
+from idemcrawl.frontier.base import Failure, HostPolicy, NewURL
 from idemcrawl.status import HOSTS_SHOWN, status_dict, status_lines
 
 KEYS = {
@@ -33,6 +33,7 @@ KEYS = {
     "politeness",
     "aggregates",
     "counters",
+    "failure_reasons",
     "hosts_in_backoff",
     "host_states",
     "group_commit",
@@ -69,6 +70,7 @@ def test_status_dict_keys_and_counts(tmp_path: Path) -> None:
     assert d["politeness"]["violations"] == 0 and d["hosts_in_backoff"] == 0
     assert d["links_rejected"] == {}
     assert set(d["group_commit"]) == {"max_completions", "linger_seconds"}
+    assert d["failure_reasons"] == []
 
 
 def test_status_dict_from_an_open_frontier_leaves_it_open(tmp_path: Path) -> None:
@@ -101,3 +103,29 @@ def test_status_lines(tmp_path: Path) -> None:
     assert "  … 5 more hosts (status --json lists all)" in lines
     assert lines[-1].startswith("group commit     <= ")
     assert all("\n" not in ln for ln in lines)
+
+
+def test_status_shows_why_urls_failed(tmp_path: Path) -> None:
+    db = _crawl_db(tmp_path / "c.db", hosts=1)
+    f = SQLiteFrontier(db)
+    try:
+        a, b = f.lease("w", 2, 2.0, 30, HostPolicy(max_in_flight=2, delay=0.0))
+        trace = 'File "spider.py", line 9, in parse_item\n  price = data["price"]'
+        boom = "parse error: KeyError: 'price'"
+        f.fail(
+            [Failure(a, boom, None, 200, trace=trace), Failure(b, boom, None, 200)],
+            3.0,
+            HostPolicy(),
+        )
+    finally:
+        f.close()
+    d = status_dict(db)
+    assert [(r["reason"], r["urls"]) for r in d["failure_reasons"]] == [(boom, 2)]
+    lines = status_lines(d)
+    at = lines.index("failed URLs      2 (failed for good; by reason, most URLs first):")
+    assert lines[at + 1 : at + 5] == [
+        f"        2  {boom}",
+        f"           first: {a.url}",
+        '             File "spider.py", line 9, in parse_item',
+        '               price = data["price"]',
+    ]

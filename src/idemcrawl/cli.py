@@ -18,6 +18,7 @@ from .config import FILE_KEYS, ConfigError, FlagLists, default_of, layered_confi
 from .control import ACTIONS, ControlError, apply_control, parse_control
 from .events import WebhookError
 from .export import ExportError
+from .failures import CRAWL_EXIT_STATUSES, failure_lines
 from .frontier import FrontierError, open_frontier
 from .lab import commands as lab_commands
 from .parse import SpiderLoadError
@@ -209,6 +210,7 @@ def _add_crawl_parser(sub: Any) -> None:
         "resumes; on a finished database it makes no request. Settings come from the built-in "
         "defaults, then the spider's custom_settings, then --config FILE, then the flags given "
         "here.",
+        epilog=CRAWL_EXIT_STATUSES,
     )
     groups = {title: c.add_argument_group(title) for title, _ in _CRAWL_GROUPS}
     group_of = {flag: groups[title] for title, flags in _CRAWL_GROUPS for flag in flags}
@@ -427,6 +429,8 @@ def cmd_crawl(a: argparse.Namespace) -> int:
             f"{summary.seconds:.1f} s"
         )
         for line in work_left_lines(summary) + summary.scope_lines(cfg.scope):
+            print(line)
+        for line in failure_lines(summary.failed_urls, summary.failures):
             print(line)
     if summary.fatal:
         print(f"idemcrawl crawl: error: {summary.fatal}; rerun to resume", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The crawl's cookie jar: Set-Cookie in, Cookie out, rows kept by the frontier (issue 16).
 
-A spider that sets ``keep_cookies = True`` gets one cookie jar per crawl, stored in the
-frontier's ``cookies`` table: the cookies a response sets are written in the transaction that
+A crawl with a spider gets one cookie jar per crawl (``Spider.keep_cookies``, True unless the
+spider sets it False; a crawl without a spider keeps none), stored in the frontier's
+``cookies`` table: the cookies a response sets are written in the transaction that
 completes its URL (so a login and the session it opened commit together), and every crawl
 process reloads the jar after each lease call, so a URL discovered after a login is always
 fetched with the session (its insert committed with the cookie, before anyone could lease it).

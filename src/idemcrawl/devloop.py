@@ -72,6 +72,8 @@ class ParsedOnce:
     requests: list[dict[str, Any]] = field(default_factory=list)
     rejected: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    #: Where the callback's exception rose: its whole traceback but the parser's own frame.
+    trace: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -93,13 +95,17 @@ def parse_once(
 ) -> ParsedOnce:
     """Run ``callback`` (``parse`` by default) of the spider on the response, as the crawl's
     parser would, and describe the records and requests it would store."""
-    parser = Parser(spider_spec, frozenset({urls.host_key(res.url)}), scope, simhash=False)
+    parser = Parser(
+        spider_spec, frozenset({urls.host_key(res.url)}), scope, simhash=False, trace_frames=None
+    )
     spec = request_spec(callback, data)
     if spec is not None and spec.callback is not None:
         parser.check_request(Request(res.url, spec.callback))  # unknown: a clear error now
     job = ParseJob(res.url, res.status, res.headers, res.body, 0, "page", spec)
     result = parser.run(job)
-    out = ParsedOnce(res.url, res.status, callback or "parse", error=result.error)
+    out = ParsedOnce(
+        res.url, res.status, callback or "parse", error=result.error, trace=result.trace
+    )
     out.rejected = dict(result.rejected)
     for r in result.records:
         out.records.append({"source": r.source, "key": r.key, "data": json.loads(r.data_json)})
@@ -127,6 +133,9 @@ def format_parsed(p: ParsedOnce) -> str:
     lines = [f"{p.status} {p.url} -> {p.callback}"]
     if p.error:
         lines.append(f"error: {p.error}")
+        if p.trace:
+            lines.append("traceback (most recent call last):")
+            lines += ["  " + line for line in p.trace.splitlines()]
     lines.append(f"records ({len(p.records)}):")
     lines += [
         f"  {r['key']}: {json.dumps(r['data'], ensure_ascii=False, sort_keys=True)}"

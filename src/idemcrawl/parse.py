@@ -36,6 +36,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 from . import url as urls
 from .dedup import page_simhash
 from .encoding import detect_encoding
+from .failures import TRACE_FRAMES, spider_trace
 from .frontier.base import (
     DOWNLOAD,
     METHODS,
@@ -875,10 +876,12 @@ class Spider:
     parse_non_html: bool = False
     #: Where a crawl with this spider starts (``crawl --spider`` then needs no seed URL).
     start_urls: Iterable[str] = ()
-    #: Keep a cookie jar for the crawl (a login's session): stored in the frontier, shared by
-    #: every crawl process, kept across restarts (``idemcrawl.cookies``). Off by default: a
-    #: broad crawl should not carry tracking cookies from page to page.
-    keep_cookies: bool = False
+    #: Keep a cookie jar for the crawl (a login's session), as Scrapy, Crawlee and browsers
+    #: do: stored in the frontier, shared by every crawl process, kept across restarts
+    #: (``idemcrawl.cookies``). ``False`` sends no cookie at all. A crawl without a spider
+    #: (plain link following from seeds) keeps none: it has no session to keep, and a broad
+    #: crawl should not carry tracking cookies from page to page.
+    keep_cookies: bool = True
     #: What every record's data must be: a dataclass or a pydantic model (anything with
     #: ``model_validate``). A record that does not fit fails its URL with the reason (fix the
     #: spider, then ``idemcrawl reparse --where-failed``); what is stored is the validated data
@@ -1403,6 +1406,8 @@ class ParseResult:
     #: Links not followed, by reason class (out_of_scope, invalid_url, url_length, depth, …).
     rejected: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    #: Where the spider's exception rose, when ``error`` is one (``failures.spider_trace``).
+    trace: str | None = None
     #: 64-bit SimHash of an HTML page's visible text (:func:`dedup.simhash64` of
     #: :func:`dedup.visible_text`), for near-duplicate grouping at completion (R11).
     simhash: int | None = None
@@ -1425,6 +1430,7 @@ class ParseResult:
                 *self.links._wire(),
                 self.rejected,
                 self.error,
+                self.trace,
                 self.simhash,
                 self.canonical,
                 warc,
@@ -1444,6 +1450,7 @@ def _result_from_wire(
     rest: list[LinkRest] | None,
     rejected: dict[str, int],
     error: str | None,
+    trace: str | None,
     simhash: int | None,
     canonical: str | None,
     warc: tuple[Any, ...] | None,
@@ -1453,6 +1460,7 @@ def _result_from_wire(
         LinkColumns._from_wire(urls, hosts, common, rest),
         rejected,
         error,
+        trace,
         simhash,
         canonical,
         None if warc is None else BuiltExchange(*warc),
@@ -1475,8 +1483,11 @@ class Parser:
         *,
         simhash: bool = True,
         requisites: bool = False,
+        trace_frames: int | None = TRACE_FRAMES,
     ) -> None:
         self.spider = load_spider(spider_spec)()
+        #: Frames kept of a spider exception's traceback (None: all, for ``idemcrawl parse``).
+        self.trace_frames = trace_frames
         #: Also discover what each HTML page needs to render (``crawl --requisites``).
         self.requisites = requisites
         #: Compute ParseResult.simhash for HTML pages (~0.5 ms per 15 KB page).
@@ -1557,8 +1568,10 @@ class Parser:
         append_url, append_host = links.urls.append, links.hosts.append
         plain: LinkRest = (0, depth, QUEUED, None, PAGE, 0, None)  # one object: see add()
         inline = 0 <= depth <= self.limits.max_depth
+        produced: Any = None
         try:
-            for item in self._call(callback, page, job.request):
+            produced = self._call(callback, page, job.request)
+            for item in produced:
                 if isinstance(item, str):
                     hk = checked.get(item) if inline else None
                     if hk is not None and verdicts.get(item, _UNCHECKED) is None:
@@ -1580,9 +1593,11 @@ class Parser:
                 elif isinstance(item, Download):
                     self._follow_page_link(result, item.url, page, depth, item.priority, DOWNLOAD)
                 else:
+                    dict_hint = type(item) is dict
+                    hint = " (a Scrapy item dict is Record(key, data))" if dict_hint else ""
                     raise TypeError(
                         f"spider yielded {type(item).__name__}; "
-                        "expected Record, Request, Link, Download or str"
+                        f"expected Record, Request, Link, Download or str{hint}"
                     )
             if page._out_of_scope:
                 dropped = len(page._out_of_scope)
@@ -1598,7 +1613,10 @@ class Parser:
         except MemoryError:
             return ParseResult(error="parse error: memory limit exceeded")
         except Exception as exc:  # a spider bug must fail this URL, not the crawl
-            return ParseResult(error=f"parse error: {type(exc).__name__}: {exc}"[:500])
+            return ParseResult(
+                error=f"parse error: {type(exc).__name__}: {exc}"[:500],
+                trace=spider_trace(exc, produced, self.trace_frames),
+            )
         return result
 
     def _callback(self, name: str | None) -> Callable[[Page], Iterable[Any]]:

@@ -101,6 +101,6 @@ def _reparse_one(
     if result.error:
         summary.failed += 1
         summary.errors["parse"] = summary.errors.get("parse", 0) + 1
-        return Reparsed(row["url_id"], row["url"], error=result.error)
+        return Reparsed(row["url_id"], row["url"], error=result.error, trace=result.trace)
     summary.links += len(result.links)
     return Reparsed(row["url_id"], row["url"], result.records, list(result.links))

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from .export import render_aggregates
+from .failures import failure_lines
 from .frontier import open_frontier
 from .frontier.base import Frontier
 
@@ -18,6 +19,8 @@ __all__ = ["HOSTS_SHOWN", "status_dict", "status_lines"]
 
 #: Hosts listed by the text form; ``status --json`` lists them all.
 HOSTS_SHOWN = 20
+#: Failure reasons read (``status --json`` has them all; the text form shows the first few).
+REASONS_READ = 20
 
 
 def status_dict(source: str | Frontier, db: str | None = None) -> dict[str, Any]:
@@ -39,6 +42,7 @@ def status_dict(source: str | Frontier, db: str | None = None) -> dict[str, Any]
     audit = source.lease_audit()
     aggregates = source.aggregates()
     fetches = s.counters.get("fetches", 0)
+    failed = s.urls_by_state.get("failed", 0)
     return {
         "db": db,
         "urls": s.urls_by_state,
@@ -65,6 +69,8 @@ def status_dict(source: str | Frontier, db: str | None = None) -> dict[str, Any]
         "politeness": audit,
         "aggregates": aggregates,
         "counters": s.counters,
+        # Why URLs failed for good, most URLs first (read only when some did).
+        "failure_reasons": source.failure_reasons(REASONS_READ) if failed else [],
         "hosts_in_backoff": sum(1 for h in hosts if h["in_backoff"]),
         "host_states": hosts,
         "group_commit": {
@@ -98,6 +104,7 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         f"robots.txt       {d['robots_fetches']} fetches, {d['robots_disallowed']} URLs "
         f"disallowed, {d['urls_deferred']} URLs deferred",
     ]
+    lines += failure_lines(d["urls"].get("failed", 0), d["failure_reasons"])
     hosts = d["host_states"]
     lines += [_host_line(h) for h in hosts[:HOSTS_SHOWN]]
     if len(hosts) > HOSTS_SHOWN:

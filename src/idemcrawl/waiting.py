@@ -66,6 +66,8 @@ class WorkLeft:
     leased: int
     deferred: int
     waiting: list[Waiting]
+    #: Not work left: the crawl's URLs that failed for good (read with the rest).
+    failed: int = 0
 
     @property
     def none(self) -> bool:
@@ -79,7 +81,11 @@ def work_left(frontier: Frontier, now: float | None = None) -> WorkLeft:
     by_state = stats.urls_by_state
     waiting = waiting_hosts(frontier.hosts_report(now), now) if by_state.get("queued") else []
     return WorkLeft(
-        by_state.get("queued", 0), by_state.get("leased", 0), by_state.get("deferred", 0), waiting
+        by_state.get("queued", 0),
+        by_state.get("leased", 0),
+        by_state.get("deferred", 0),
+        waiting,
+        by_state.get("failed", 0),
     )
 
 

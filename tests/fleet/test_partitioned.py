@@ -182,9 +182,18 @@ def test_fail_and_complete_reach_the_lease_partition(new_crawl: NewCrawl) -> Non
     assert (
         f.complete([Completion(x, 200, 1.0) for x in leases[:half]], 2.0, POLICY) == [True] * half
     )
-    assert f.fail([Failure(x, "boom", None) for x in leases[half:]], 2.0, POLICY) == [True] * (
-        len(leases) - half
-    )
+    failing = leases[half:]
+    fails = [Failure(x, "boom", None, trace=f"at {i}") for i, x in enumerate(failing)]
+    fails[-1] = Failure(failing[-1], "other", None)
+    # Failed out of lease order, over partitions: the earliest "boom" is the second lease.
+    assert len({local_id(x.url_id)[0] for x in failing}) > 1
+    times = [3.0, 2.0, 2.5, 2.0]
+    for x, t in zip(fails, times, strict=True):
+        assert f.fail([x], t, POLICY) == [True]
+    assert f.failure_reasons(5) == [
+        {"reason": "boom", "urls": 3, "url": failing[1].url, "trace": "at 1", "failed_at": 2.0},
+        {"reason": "other", "urls": 1, "url": failing[3].url, "trace": None, "failed_at": 2.0},
+    ]
     agg = f.aggregates()
     assert {k: v for k, v in agg["urls_by_state"].items() if v} == {
         "done": half,

@@ -428,6 +428,35 @@ def test_version_11_indexes_only_urls_with_a_refetch_time(dsn: str, new_schema, 
         f.close()
 
 
+def test_version_13_lists_the_urls_a_crawl_failed_before(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
+    """Version 13 on a version-12 crawl: its failed URLs are copied into ``failures`` by
+    their reason (or their last error, when an older version kept no reason), failed at their
+    due time, without a traceback; URLs in other states are not."""
+    from idemcrawl.frontier.store import SCHEMA_VERSION
+
+    schema = new_schema()
+    _schema_at_version(admin, schema, 12)
+    admin.execute("INSERT INTO hosts (host_key) VALUES ('http://a')")
+    admin.execute(
+        "INSERT INTO urls (url, host_id, state, reason, last_error, due_at) "
+        "SELECT 'http://a/p' || i, host_id, CASE WHEN i < 3 THEN 'failed' ELSE 'done' END, "
+        "CASE WHEN i > 0 THEN 'HTTP 500' END, 'boom', %s + i "
+        "FROM hosts, generate_series(0, 4) i",
+        (T0,),
+    )
+    admin.execute("RESET search_path")
+    f = _open(dsn, schema)
+    try:
+        assert _versions(admin, schema) == list(range(1, SCHEMA_VERSION + 1))
+        assert f.failure_reasons(5) == [
+            {"reason": "HTTP 500", "urls": 2, "url": "http://a/p1", "trace": None,
+             "failed_at": T0 + 1},
+            {"reason": "boom", "urls": 1, "url": "http://a/p0", "trace": None, "failed_at": T0},
+        ]  # fmt: skip
+    finally:
+        f.close()
+
+
 def test_urls_with_the_same_key_are_two_urls(dsn: str, new_schema, admin) -> None:  # type: ignore[no-untyped-def]
     """``url_key`` is a hash: two URLs of a host may share it. Each is still its own URL
     (inserted once, found by its text), because the key only narrows the search."""

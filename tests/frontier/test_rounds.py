@@ -186,3 +186,42 @@ def test_eligibility_histogram_and_recent_errors(frontier: Frontier) -> None:
     assert [e["last_error"] for e in errs][:1] == ["cut: max_bytes"]
     assert {e["url"] for e in errs} == {a.url, b.url}
     del c
+
+
+def test_failure_reasons_group_final_failures_with_the_first_one_s_trace(
+    frontier: Frontier,
+) -> None:
+    """Only URLs that failed for good count (not a retry, not a page done with an error);
+    each reason shows its first failure's URL and traceback tail; a reparse that fixes a
+    page takes it out, one that fails again moves it to its new reason."""
+    from idemcrawl.frontier.base import Reparsed
+
+    frontier.add([NewURL(f"http://a/{i}", "http://a") for i in range(6)], T0)
+    a, b, c, d, e, g = frontier.lease("w", 6, T0, 30, FAST)
+    key_error = "parse error: KeyError: 'x'"
+    frontier.fail([Failure(b, key_error, None, 200, trace="at b")], T0 + 2, FAST)
+    frontier.fail([Failure(a, key_error, None, 200, trace="at a")], T0 + 1, FAST)
+    frontier.fail([Failure(c, key_error, None, 200, trace="at c")], T0 + 3, FAST)
+    frontier.fail([Failure(d, "HTTP 503 (after 4 attempts)", None, 503)], T0 + 4, FAST)
+    frontier.fail([Failure(e, "timeout", T0 + 100, trace="not kept")], T0 + 5, FAST)
+    frontier.complete([Completion(g, 200, T0 + 6, error="cut: max_bytes")], T0 + 6, FAST)
+    got = frontier.failure_reasons(10)
+    http = "HTTP 503 (after 4 attempts)"
+    assert got == [
+        {"reason": key_error, "urls": 3, "url": a.url, "trace": "at a", "failed_at": T0 + 1},
+        {"reason": http, "urls": 1, "url": d.url, "trace": None, "failed_at": T0 + 4},
+    ]
+    assert frontier.failure_reasons(1) == got[:1]
+    value_error = "parse error: ValueError: y"
+    fixed = Reparsed(a.url_id, a.url)
+    again = Reparsed(b.url_id, b.url, error=value_error, trace="at b, again")
+    frontier.apply_reparse([fixed, again], T0 + 10)
+    rows = frontier.failure_reasons(10)
+    assert [(r["reason"], r["urls"], r["url"], r["trace"]) for r in rows] == [
+        (http, 1, d.url, None),
+        (key_error, 1, c.url, "at c"),
+        (value_error, 1, b.url, "at b, again"),
+    ]
+    # A reparse of a page that is done changes no failure, even when it fails.
+    frontier.apply_reparse([Reparsed(g.url_id, g.url, error="parse error: boom")], T0 + 11)
+    assert len(frontier.failure_reasons(10)) == 3

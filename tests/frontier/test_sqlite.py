@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from idemcrawl.frontier import sqlite as sqlite_mod
-from idemcrawl.frontier.base import Completion, FrontierError, HostPolicy, NewURL
+from idemcrawl.frontier.base import Completion, Failure, FrontierError, HostPolicy, NewURL
 from idemcrawl.frontier.sqlite import SCHEMA_VERSION, SQLiteFrontier
 
 from .conftest import queued_and_leased_by_host
@@ -208,6 +208,34 @@ def test_a_version_7_crawl_migrates_to_counting_grants_and_completions(tmp_path:
         by_state = dict(f._db.execute("SELECT state, n FROM url_states").fetchall())
         for state, n in f.stats().urls_by_state.items():
             assert by_state.get(state, 0) == n == sum(r["state"] == state for r in f.url_rows())
+    finally:
+        f.close()
+
+
+def test_a_version_12_crawl_lists_the_urls_it_failed_before(tmp_path: Path) -> None:
+    """Version 13 keeps why URLs failed in a table of its own; a crawl that failed URLs under
+    version 12 gets them listed by reason (no traceback: none was kept; the failure time is
+    the URL's due time), and its new failures join them."""
+    path = str(tmp_path / "v12.db")
+    t0, fast = 1_000_000.0, HostPolicy(max_in_flight=8, delay=0.0)
+    f = SQLiteFrontier(path)
+    f.add([NewURL(f"http://a/{i}", "http://a") for i in range(3)], t0)
+    a, b, c = f.lease("w", 3, t0, 30, fast)
+    f.fail([Failure(b, "HTTP 500 (after 4 attempts)", None, 500)], t0 + 2, fast)
+    f.fail([Failure(a, "HTTP 500 (after 4 attempts)", None, 500)], t0 + 1, fast)
+    f.close()
+    con = sqlite3.connect(path)  # what version 12 left: no failures table
+    con.execute("DROP TABLE failures")
+    con.execute("PRAGMA user_version=12")
+    con.commit()
+    con.close()
+    f = SQLiteFrontier(path)
+    try:
+        assert f._db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        old = {"reason": "HTTP 500 (after 4 attempts)", "urls": 2, "url": a.url, "trace": None}
+        assert f.failure_reasons(5) == [{**old, "failed_at": t0 + 1}]
+        f.fail([Failure(c, "parse error: KeyError: 'x'", None, 200, trace="tb")], t0 + 3, fast)
+        assert [r["trace"] for r in f.failure_reasons(5)] == [None, "tb"]
     finally:
         f.close()
 

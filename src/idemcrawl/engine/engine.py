@@ -14,6 +14,7 @@ from aiohttp.abc import AbstractResolver
 from .. import owner as owners
 from ..config import CrawlConfig
 from ..cookies import CookieJar
+from ..failures import REASONS_SHOWN
 from ..fetch import Fetcher, FetchSettings
 from ..frontier import Frontier, open_frontier
 from ..parse import load_spider
@@ -202,7 +203,9 @@ class Engine:
             Fetcher(fetch_settings(cfg), cfg.concurrency, self._resolver)
         )
 
-        keep_cookies = load_spider(spider_spec(cfg.spider)).keep_cookies
+        # A spider keeps cookies unless it says otherwise; the plain crawl without a spider
+        # keeps none (the base Spider's default is a spider author's, not an operator's).
+        keep_cookies = bool(cfg.spider) and load_spider(spider_spec(cfg.spider)).keep_cookies
         jar = CookieJar() if keep_cookies else None
         if jar is not None:
             jar.load(await call(partial(frontier.cookies, clock.time())))
@@ -293,6 +296,9 @@ class Engine:
             left = await call(work_left, frontier, clock.time())
             summary.left = {"queued": left.queued, "leased": left.leased, "deferred": left.deferred}
             summary.waiting = [w.as_dict() for w in left.waiting]
+            summary.failed_urls = left.failed
+            if left.failed:  # read only then: a crawl without failures pays nothing for it
+                summary.failures = await call(frontier.failure_reasons, REASONS_SHOWN)
 
     async def _run_tasks(
         self,

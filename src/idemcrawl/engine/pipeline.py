@@ -267,6 +267,7 @@ class Pipeline:
                 warc_offset=archived.offset,
                 warc_length=archived.length,
                 payload_digest=archived.digest,
+                trace=result.trace,
             )
         gated = await self.gate.filter(links)
         if gated.paused:

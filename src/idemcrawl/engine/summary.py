@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..failures import EXIT_FAILED_URLS
 from ..frontier.base import Completion, Failure
 
 #: What the pipeline hands the committer for one lease.
@@ -37,6 +38,11 @@ class CrawlSummary:
     #: deferred; and the hosts that wait, why and until when (``waiting.Waiting.as_dict``).
     left: dict[str, int] = field(default_factory=dict)
     waiting: list[dict[str, Any]] = field(default_factory=list)
+    #: URLs of the whole crawl (every run and process, not only this run's ``failed``) that
+    #: failed for good, and the top reasons (``Frontier.failure_reasons``): read at the end
+    #: of a run without ``--recrawl``, with ``left``.
+    failed_urls: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -44,14 +50,19 @@ class CrawlSummary:
         return self.finished and not any(self.left.values())
 
     def exit_status(self) -> int:
-        """``crawl``'s exit status: 0 complete; 3 stopped with work left (the horizon,
-        ``--max-pages``, deferred URLs); 1 the crawl had to stop (archive failure); 130 / 143
-        stopped by SIGINT / SIGTERM (what a shell reports for a process those signals end)."""
+        """``crawl``'s exit status (``failures.CRAWL_EXIT_STATUSES``): 0 complete, every URL
+        done; 4 complete, but URLs of the crawl failed for good (counted over the whole crawl,
+        so a crawl killed and resumed ends as one run in one go would); 3 stopped with work
+        left (the horizon, ``--max-pages``, deferred URLs); 1 the crawl had to stop (archive
+        failure); 130 / 143 stopped by SIGINT / SIGTERM (what a shell reports for a process
+        those signals end). 2, bad usage, is the command line's."""
         if self.fatal:
             return 1
         if self.stopped_by in SIGNAL_STATUS:
             return SIGNAL_STATUS[self.stopped_by]
-        return 0 if self.complete else 3
+        if not self.complete:
+            return 3
+        return EXIT_FAILED_URLS if self.failed_urls else 0
 
     def scope_lines(self, scope: str) -> list[str]:
         """Links this run left out of the crawl's scope, and how to follow them: a crawl

@@ -626,6 +626,23 @@ class PartitionedFrontier:
         rows.sort(key=lambda r: r.get("fetched_at") or 0.0, reverse=True)
         return rows[:limit]
 
+    def failure_reasons(self, limit: int) -> list[dict[str, Any]]:
+        """Counts of a reason add up over the partitions and its first failure is the earliest
+        of theirs. Each partition is asked for more groups than wanted, but a reason outside
+        every partition's share can still be missed: the ranking is a close approximation."""
+        merged: dict[str, dict[str, Any]] = {}
+        for rows in self._all(lambda f: f.failure_reasons(4 * limit)):
+            for r in rows:
+                g = merged.get(r["reason"])
+                if g is None:
+                    merged[r["reason"]] = dict(r)
+                    continue
+                urls = g["urls"] + r["urls"]
+                if r["failed_at"] < g["failed_at"]:
+                    g.update(r)
+                g["urls"] = urls
+        return sorted(merged.values(), key=lambda g: (-g["urls"], g["reason"]))[:limit]
+
     def records(self) -> Iterable[dict[str, Any]]:
         return heapq.merge(
             *self._all(lambda f: list(f.records())), key=lambda r: (r["source"], r["key"])

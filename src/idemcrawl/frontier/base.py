@@ -389,6 +389,8 @@ class Reparsed:
     records: Sequence[RecordWrite] = ()
     links: Sequence[NewURL] = ()
     error: str | None = None
+    #: The traceback's last frames when ``error`` is a spider's exception (see ``Failure``).
+    trace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +423,9 @@ class Failure:
     warc_offset: int | None = None
     warc_length: int | None = None
     payload_digest: str | None = None
+    #: The last frames of the traceback of a spider's exception (``failures.trace_tail``): kept
+    #: with a final failure, so ``crawl`` and ``status`` can show where a callback broke.
+    trace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -657,6 +662,12 @@ class Outputs(Protocol):
 
     def recent_errors(self, limit: int) -> list[dict[str, Any]]:
         """URLs with a ``last_error``, newest fetch first (dashboard)."""
+        ...
+
+    def failure_reasons(self, limit: int) -> list[dict[str, Any]]:
+        """Why URLs failed for good, grouped by reason, most URLs first (then by reason), at
+        most ``limit`` groups: ``FAILURE_COLUMNS`` — the reason, how many failed URLs give
+        it, and the first of them to fail (its URL, traceback tail, time)."""
         ...
 
     def records(self) -> Iterable[dict[str, Any]]:

@@ -106,6 +106,8 @@ class MemoryStore(MemoryReads):
         self.event_keys: set[tuple[int, int]] = set()
         self.bodies: dict[str, tuple[Any, ...]] = {}
         self.requests: dict[int, base.RequestSpec] = {}
+        #: url_id -> (reason, trace, failed_at) of URLs that failed for good.
+        self.failures: dict[int, tuple[str, str | None, float]] = {}
         self.cookie_jar: dict[tuple[str, str, str], base.Cookie] = {}
         self.lease_log: list[tuple[Any, ...]] = []
         self.counters: Counter[str] = Counter()
@@ -487,6 +489,11 @@ class MemoryStore(MemoryReads):
                 u.reason = None
                 if u.state == FAILED:
                     self._set_state(u, DONE)
+
+    def record_failures(self, rows: Sequence[tuple[int, str, str | None, float]]) -> None:
+        for url_id, reason, trace, at in rows:
+            if self._url(url_id).state == FAILED:
+                self.failures[url_id] = (reason, trace, at)
 
     # -- rounds, deferral ----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ class MemoryReads:
     due: list[tuple[float, int, int]]
     leases: list[tuple[float, int, int]]
     refetch: list[tuple[float, int, int]]
+    failures: dict[int, tuple[str, str | None, float]]
 
     # -- read side -----------------------------------------------------------------------------
 
@@ -199,6 +200,22 @@ class MemoryReads:
         errs = [u for u in self._all_urls() if u.last_error is not None]
         errs.sort(key=lambda u: u.fetched_at if u.fetched_at is not None else u.due_at)
         return [u.as_dict(store.ERROR_COLUMNS) for u in errs[::-1][:limit]]
+
+    def failure_reasons(self, limit: int) -> list[dict[str, Any]]:
+        groups: dict[str, list[Any]] = {}
+        for uid, (reason, trace, at) in self.failures.items():
+            u = self.urls[uid]
+            if u.state != FAILED:
+                continue
+            g = groups.get(reason)
+            if g is None:
+                groups[reason] = [reason, 1, u.url, trace, at, uid]
+            else:
+                g[1] += 1
+                if (at, uid) < (g[4], g[5]):
+                    g[2:] = [u.url, trace, at, uid]
+        rows = sorted(groups.values(), key=lambda g: (-g[1], g[0]))[:limit]
+        return [dict(zip(store.FAILURE_COLUMNS, g, strict=False)) for g in rows]
 
     def url_row(self, url: str) -> dict[str, Any] | None:
         u = self.by_url.get(url)

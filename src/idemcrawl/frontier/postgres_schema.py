@@ -502,5 +502,19 @@ CREATE TABLE cookies (
         "DROP INDEX lease_log_host",
         "ALTER TABLE lease_log DROP CONSTRAINT lease_log_pkey",
     ),
+    # 13: why URLs failed for good, with a spider exception's traceback tail, in a side table
+    # the failure path alone writes (see sqlite.py); a crawl's earlier failures are copied in.
+    (
+        """
+CREATE TABLE failures (
+    url_id    BIGINT PRIMARY KEY,
+    reason    TEXT NOT NULL,
+    trace     TEXT,
+    failed_at DOUBLE PRECISION NOT NULL
+)""",
+        "INSERT INTO failures (url_id, reason, failed_at) "
+        "SELECT url_id, COALESCE(reason, last_error, 'unknown'), due_at FROM urls "
+        "WHERE state = 'failed'",
+    ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

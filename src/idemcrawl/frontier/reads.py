@@ -206,6 +206,9 @@ class Reads:
     def recent_errors(self, limit: int) -> list[dict[str, Any]]:
         return self._read(lambda s: s.recent_errors(limit))
 
+    def failure_reasons(self, limit: int) -> list[dict[str, Any]]:
+        return self._read(lambda s: s.failure_reasons(limit))
+
     def cookies(self, now: float) -> list[Any]:
         """The crawl's cookie jar (I12): every stored cookie not expired at ``now``."""
         return self._read(lambda s: s.cookie_rows(now))

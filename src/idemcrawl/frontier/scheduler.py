@@ -915,6 +915,7 @@ class Scheduler(Reads):
         accepted = s.live_leases([f.lease for f in failures])
         hosts: dict[str, dict[str, Any]] = {}
         updates: list[FailRow] = []
+        final_rows: list[tuple[int, str, str | None, float]] = []
         for f, ok in zip(failures, accepted, strict=True):
             if not ok:
                 continue
@@ -926,6 +927,8 @@ class Scheduler(Reads):
                 if retry_at is not None:
                     retry_at = max(retry_at, now + rest)
             final = retry_at is None
+            if final:
+                final_rows.append((ls.url_id, f.error, f.trace, now))
             updates.append(
                 (
                     FAILED if final else QUEUED,
@@ -950,6 +953,8 @@ class Scheduler(Reads):
                 s.bump("retries", 1)
         if updates:
             s.fail_leases(updates)
+        if final_rows:
+            s.record_failures(final_rows)
         self._write_hosts(s, hosts, rows)
         s.bump("fetches", len(updates))
         s.bump("fetch_errors", len(updates))
@@ -1059,6 +1064,10 @@ class Scheduler(Reads):
                 s.upsert_records(records)
             new = insert_urls(s, links, now) if links else 0
             s.reparse_outcome([(it.error, it.url_id) for it in items])
+            # A page that fails again keeps its newest reason and traceback.
+            s.record_failures(
+                [(it.url_id, it.error, it.trace, now) for it in items if it.error is not None]
+            )
             s.bump("reparsed", len(items))
             s.bump("links_new", new)
             return len(records)

@@ -50,6 +50,7 @@ from .sql_dialect import (
 )
 from .store import (
     ERROR_COLUMNS,
+    FAILURE_COLUMNS,
     HOST_COLUMNS,
     PICK_COLUMNS,
     RECORD_COLUMNS,
@@ -803,6 +804,16 @@ class SQLStore:
         )
         self._moved("failed", fixed)
 
+    def record_failures(self, rows: Sequence[tuple[int, str, str | None, float]]) -> None:
+        self._xm(
+            "INSERT INTO failures(url_id, reason, trace, failed_at) "
+            "SELECT url_id, CAST(? AS TEXT), CAST(? AS TEXT), ? FROM urls "
+            "WHERE url_id = ? AND state = 'failed' "
+            "ON CONFLICT(url_id) DO UPDATE SET reason = excluded.reason, "
+            "trace = excluded.trace, failed_at = excluded.failed_at",
+            [(reason, trace, at, url_id) for url_id, reason, trace, at in rows],
+        )
+
     # -- rounds, deferral ----------------------------------------------------------------------
 
     def due_rounds(self, now: float, limit: int) -> list[tuple[int, str]]:
@@ -1142,6 +1153,18 @@ class SQLStore:
             "ORDER BY COALESCE(fetched_at, due_at) DESC LIMIT ?",
             (limit,),
             ERROR_COLUMNS,
+        )
+
+    def failure_reasons(self, limit: int) -> list[dict[str, Any]]:
+        # Reads the failures only (one key probe of urls each), never a scan of every URL.
+        return self._dicts(
+            "SELECT reason, n, url, trace, failed_at FROM (SELECT f.reason, u.url, f.trace, "
+            "f.failed_at, count(*) OVER (PARTITION BY f.reason) AS n, row_number() OVER "
+            "(PARTITION BY f.reason ORDER BY f.failed_at, f.url_id) AS r "
+            "FROM failures AS f JOIN urls AS u ON u.url_id = f.url_id "
+            "WHERE u.state = 'failed') AS g WHERE r = 1 ORDER BY n DESC, reason LIMIT ?",
+            (limit,),
+            FAILURE_COLUMNS,
         )
 
     def url_row(self, url: str) -> dict[str, Any] | None:

@@ -434,6 +434,23 @@ DROP TRIGGER urls_state_total;
     """
 DROP INDEX lease_log_host;
 """,
+    # 13: why URLs failed for good, with the last frames of a spider exception's traceback:
+    # the end of ``crawl`` and ``status`` show the failures grouped by reason. A side table,
+    # written by the failure path only (``SQLStore.record_failures``), so a URL row and a
+    # completion cost nothing more; a URL that leaves 'failed' (a reparse that succeeds)
+    # leaves its row behind, which the reads skip (they join urls for state = 'failed'). A
+    # crawl that failed URLs before this version gets their rows from urls (no traceback):
+    # a failed URL's due_at is when it failed.
+    """
+CREATE TABLE failures (
+    url_id    INTEGER PRIMARY KEY,  -- urls.url_id
+    reason    TEXT    NOT NULL,     -- why it failed (urls.reason then)
+    trace     TEXT,                 -- the traceback's last frames (a spider's exception)
+    failed_at REAL    NOT NULL
+);
+INSERT INTO failures(url_id, reason, failed_at)
+SELECT url_id, COALESCE(reason, last_error, 'unknown'), due_at FROM urls WHERE state = 'failed';
+""",
 ]
 
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from .base import Completion, Cookie, FrontierStats, Lease, NewURL, Progress, RequestSpec
 
 #: Bumped with the schema, on every backend alike (``migrate`` returns it).
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 #: The columns of ``urls``, in table order (what ``url_row`` returns).
 URL_COLUMNS = (
@@ -104,6 +104,8 @@ REPORT_COLUMNS = (
 )  # fmt: skip
 #: ``recent_errors`` rows.
 ERROR_COLUMNS = ("url", "host_key", "state", "status_code", "last_error", "fetched_at")
+#: ``failure_reasons`` rows: a reason, the URLs failed for it, and the first of them to fail.
+FAILURE_COLUMNS = ("reason", "urls", "url", "trace", "failed_at")
 
 #: Fetch facts a completion sets on its URL (``done_values`` order); ``keep`` ones fall back to
 #: their old value when None, so a 304 keeps status, hash, size and archive pointer (R13).
@@ -372,6 +374,12 @@ class Store(Protocol):
         """(error, url_id): a failed page whose re-parse succeeded becomes ``done``."""
         ...
 
+    def record_failures(self, rows: Sequence[tuple[int, str, str | None, float]]) -> None:
+        """(url_id, reason, trace, failed_at) of URLs that failed for good: kept (replacing
+        an older failure of the URL) for those whose state is ``failed``, for
+        ``failure_reasons``. Written on the failure path only, never by a completion."""
+        ...
+
     # -- rounds, deferral ----------------------------------------------------------------------
 
     def due_rounds(self, now: float, limit: int) -> list[tuple[int, str]]:
@@ -496,6 +504,10 @@ class Store(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     def recent_errors(self, limit: int) -> list[dict[str, Any]]: ...
+
+    def failure_reasons(self, limit: int) -> list[dict[str, Any]]:
+        """``Frontier.failure_reasons``: the kept failures of URLs still ``failed``."""
+        ...
 
     def url_row(self, url: str) -> dict[str, Any] | None: ...
 
