@@ -386,3 +386,29 @@ def test_two_processes_on_postgres_share_requests_and_the_session(
     assert logins <= 2  # a kill before the login committed may repeat it, never more
     assert all("session=" in e["cookie"] for e in log if e["path"].startswith("/members"))
     assert all(e["method"] == "POST" for e in log if e["path"] == "/search")
+
+
+#: ``python -c`` running the CLI with Playwright unimportable, as without the "render" extra.
+_NO_PLAYWRIGHT = (
+    "import sys; sys.modules['playwright'] = None\n"
+    "from idemcrawl.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_a_render_without_the_extra_is_a_failure_reason_naming_it(tmp_path: Path) -> None:
+    """A spider asking for rendering where the "render" extra is missing: the JS pages fail
+    for good with the reason naming the install, listed at the end, and the crawl exits 4
+    (issue 36: it had printed only "failed N" and exited 0)."""
+    with SandboxServer() as server:
+        base = server.base_url
+        env = {**os.environ, "SANDBOX": base}
+        cmd = crawl_cmd(tmp_path / "js.db", "examples/js.py:Rendered")
+        cmd = [sys.executable, "-c", _NO_PLAYWRIGHT, *cmd[3:]]
+        cmd.remove("--quiet")
+        done = run(cmd, env=env)
+    assert done.returncode == 4, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("failed URLs      1 ") for line in lines), lines
+    reason = next(x for x in lines if "needs Playwright" in x)
+    assert "pip install 'idemcrawl[render]'" in reason
+    assert f"first: {base}/js?page=1" in done.stdout
