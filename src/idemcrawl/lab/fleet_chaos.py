@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import json
 import os
 import signal
@@ -40,6 +39,7 @@ from typing import Any
 
 from idemcrawl.fleet.frontier import PartitionedFrontier
 from idemcrawl.frontier import open_frontier
+from idemcrawl.lab.fleet_sim import check_terms
 from idemcrawl.lab.pgserver import PgServer
 from idemcrawl.lab.politeness_check import Allowance, check_log, summarize
 from idemcrawl.lab.testsite.multihost import HostSpec, MultiHostServer
@@ -137,21 +137,6 @@ class FleetChaosReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
-
-
-def overlapping_terms(log: Sequence[dict[str, Any]]) -> int:
-    """Pairs of consecutive ownership terms of one partition that overlap in time (must be
-    0: at most one owner at every moment)."""
-    by_part: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
-    for t in log:
-        by_part[t["partition"]].append(t)
-    overlaps = 0
-    for terms in by_part.values():
-        terms.sort(key=lambda t: t["epoch"])
-        for a, b in itertools.pairwise(terms):
-            end = a["released_at"] if a["released_at"] is not None else a["expires_at"]
-            overlaps += b["acquired_at"] < end
-    return overlaps
 
 
 def host_specs(opts: FleetChaosOptions) -> list[HostSpec]:
@@ -341,7 +326,7 @@ def _run(
         outbox_rows_left=outbox,
         members_seen=members,
         ownership_terms=len(terms),
-        overlapping_terms=overlapping_terms(terms),
+        overlapping_terms=check_terms(terms, {})[0],
     )
 
 

@@ -417,7 +417,7 @@ def run_fleet_sim(opts: FleetSimOptions) -> FleetSimReport:
         if m.alive and m.membership is not None:
             m.membership.tick(now)
     log = [t for part in parts.values() for t in part.log.values()]
-    overlaps, takeovers, after_expiry, after_crash = _check_terms(
+    overlaps, takeovers, after_expiry, after_crash = check_terms(
         log, dict(crash_times), reachable_from
     )
     unowned = sum(
@@ -453,7 +453,7 @@ def run_fleet_sim(opts: FleetSimOptions) -> FleetSimReport:
     )
 
 
-def _check_terms(
+def check_terms(
     log: list[dict[str, Any]],
     crashed: dict[str, float],
     reachable_from: Callable[[int, float], float] = lambda _p, t: t,
