@@ -386,3 +386,23 @@ def test_spider_logger_is_named_after_the_spider(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.INFO, logger="kw"):
         spider.logger.info("parsed %d items", 3)
     assert [(r.name, r.getMessage()) for r in caplog.records] == [("kw", "parsed 3 items")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dont_filter": True}, "dont_filter=: a request's identity is method \\+ URL \\+ body"),
+        ({"errback": print}, "errback=: a request that fails for good is recorded"),
+        ({"cookies": {"a": "1"}}, "cookies=: cookies come from the crawl's jar"),
+        ({"formdata": {"q": "x"}}, "formdata=: from_form"),
+        ({"colback": "parse_item"}, "unexpected keyword argument\\(s\\) colback; it takes"),
+    ],
+)
+def test_scrapy_request_arguments_are_refused_with_the_idemcrawl_way(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        Request("http://a.test/", **kwargs)
+    page = Page("http://a.test/", 200, {"content-type": "text/html"}, b"<a href='/x'>x</a>")
+    with pytest.raises(TypeError, match=message):
+        page.follow("/x", **kwargs)

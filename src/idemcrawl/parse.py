@@ -210,6 +210,36 @@ def _meta_as_data(meta: Any, data: dict[str, Any] | None) -> dict[str, Any]:
     return meta
 
 
+#: Scrapy ``Request`` arguments with no counterpart here, and what to do instead.
+_SCRAPY_REQUEST_ARGS = {
+    "dont_filter": "a request's identity is method + URL + body and it is fetched once per "
+    "crawl; --recrawl revisits on a schedule, and another body or method is another request",
+    "errback": "a request that fails for good is recorded with its reason (the end of crawl "
+    "and idemcrawl status list them; reparse --where-failed parses stored pages again); no "
+    "spider method is called for it",
+    "cookies": "cookies come from the crawl's jar (keep_cookies, on by default); send one of "
+    "your own with headers={'Cookie': ...}",
+    "encoding": "a str body is sent as UTF-8; give bytes for another encoding",
+    "flags": "there are no request flags; data= carries your own markers",
+    "formdata": "from_form(page, css, data) submits a page's form; Request(url, method='POST', "
+    "body=urlencode(fields), headers={'Content-Type': 'application/x-www-form-urlencoded'}) "
+    "sends fields of your own",
+}
+
+
+def _refuse_request_arguments(other: dict[str, Any]) -> None:
+    """A keyword ``Request`` does not take: Scrapy's named with the idemcrawl way, anything
+    else as the TypeError Python would give, listing what it takes."""
+    for name in other:
+        why = _SCRAPY_REQUEST_ARGS.get(name)
+        if why is not None:
+            raise TypeError(f"Request does not take Scrapy's {name}=: {why}")
+    raise TypeError(
+        f"Request got unexpected keyword argument(s) {', '.join(sorted(other))}; it takes "
+        "callback, data, method, headers, body, json, priority, render, cb_kwargs, meta"
+    )
+
+
 class Request:
     """A URL to fetch, and how: the method, headers and body to send, the spider method that
     parses the response (``callback``, by name) and context for it (``data``, given back as
@@ -248,7 +278,10 @@ class Request:
         render: bool = False,
         cb_kwargs: dict[str, Any] | None = None,
         meta: dict[str, Any] | None = None,
+        **other: Any,
     ) -> None:
+        if other:
+            _refuse_request_arguments(other)
         if not isinstance(url, str) or not url:
             raise TypeError(f"Request url must be a non-empty str, got {url!r}")
         self.url = url
