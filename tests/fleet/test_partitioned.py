@@ -354,6 +354,35 @@ def test_a_server_outage_stalls_only_its_partitions(
     assert {local_id(x.url_id)[0] for x in again} & lost  # its partitions are back
 
 
+def test_the_cookie_jar_rides_a_server_outage_out(
+    new_crawl: NewCrawl, fleet_servers: list[Any]
+) -> None:
+    """A crawl reloads its jar after every lease call: a partition whose server is away gives
+    the cookies it gave last, at once, instead of stalling every partition for a minute."""
+    import time
+
+    from idemcrawl.frontier.base import Cookie
+
+    pmap, f = new_crawl(partitions=6)
+    down = fleet_servers[2]
+    lost = [p for p in range(6) if pmap.server(p) == down.dsn]
+    host = hosts_in(pmap, 1)[lost[0]][0]
+    f.add([NewURL(f"{host}/login", host)], 0.0)
+    (login,) = f.lease("m1", 1, 1.0, 60, POLICY)
+    session = Cookie("h", "/", "session", "s1", 3600.0)
+    assert f.complete([Completion(login, 200, 1.0, cookies=[session])], 1.0, POLICY) == [True]
+    assert f.cookies(2.0) == [session]
+    down.pause()
+    try:
+        t = time.monotonic()
+        assert f.cookies(3.0) == [session]  # the away partition's last cookies
+        assert f.cookies(3.0) == [session]  # and again, marked down: no wait at all
+        assert time.monotonic() - t < 10.0
+        assert f.cookies(4000.0) == []  # what expired meanwhile is gone all the same
+    finally:
+        down.resume()
+
+
 def test_a_member_starting_during_an_outage_waits_for_the_server(
     new_crawl: NewCrawl, fleet_servers: list[Any]
 ) -> None:

@@ -191,6 +191,8 @@ class PartitionedFrontier:
         #: crawl, so two processes of one machine never share an owner id or WARC prefix.
         self.crawl_identity = f"fleet:{pmap.crawl}@{pmap.servers[0]}"
         self._rotate = 0
+        #: Each partition's cookies as last read (``cookies``: a server away gives these).
+        self._jars: dict[int, list[Any]] = {}
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -483,10 +485,21 @@ class PartitionedFrontier:
 
     def cookies(self, now: float) -> list[Any]:
         """The crawl's jar: each partition keeps the cookies its completions brought; a cookie
-        (domain, path, name) in several partitions counts once, the highest partition's."""
+        (domain, path, name) in several partitions counts once, the highest partition's.
+
+        A partition whose server is away gives the cookies it gave last (quick calls, as
+        leasing does): a crawl reloads its jar after every lease call, and waiting a minute
+        for one server would stall the partitions of every other. Its newer cookies arrive
+        when it is back (until then I12 holds for the partitions that answer)."""
         jar: dict[tuple[str, str, str], Any] = {}
-        for cookies in self._all(lambda f: f.cookies(now)):
-            jar.update(((c.domain, c.path, c.name), c) for c in cookies)
+        for p in sorted(self.parts):
+            part = self.parts[p]
+            try:
+                got = self.quick(part, lambda part=part: part.cookies(now))
+                self._jars[p] = got
+            except FrontierError:
+                got = [c for c in self._jars.get(p, ()) if c.expires is None or c.expires > now]
+            jar.update(((c.domain, c.path, c.name), c) for c in got)
         return list(jar.values())
 
     def find_bodies(self, digests: Sequence[str]) -> dict[str, tuple[str, int, int, str]]:
