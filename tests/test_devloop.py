@@ -50,6 +50,31 @@ def test_parse_prints_cb_kwargs() -> None:
     ) in done.stdout.splitlines()
 
 
+def test_parse_passes_cb_kwargs_to_the_callback() -> None:
+    """``parse --cb-kwargs`` (Scrapy's ``--cbkwargs``): the async callback of ScrapyHabits
+    gets its keyword arguments; ones it cannot take are refused before any request."""
+    kwargs = {"category": "toys", "rank": 2, "listing_page": 9}
+    spider = "tests.sandbox_spiders:ScrapyHabits"
+    with SandboxServer() as server:
+        url = f"{server.base_url}/item/7"
+        done = run_cli(
+            "parse", url, "--spider", spider, "--callback", "parse_item",
+            "--cb-kwargs", json.dumps(kwargs), "--json", *LOOPBACK,
+        )  # fmt: skip
+        fetched = len(server.requests())
+        wrong = run_cli(
+            "parse", url, "--spider", spider, "--callback", "parse_item",
+            "--cb-kwargs", '{"colour": "red"}', *LOOPBACK,
+        )  # fmt: skip
+        not_object = run_cli("parse", url, "--spider", spider, "--cb-kwargs", "[1]", *LOOPBACK)
+        assert len(server.requests()) == fetched + 1  # the wrong one fetched, then refused
+    assert done.returncode == 0, done.stderr
+    (record,) = json.loads(done.stdout)["records"]
+    assert {k: record["data"][k] for k in kwargs} == kwargs
+    assert wrong.returncode == 2 and "cannot take cb_kwargs colour" in wrong.stderr
+    assert not_object.returncode == 2 and "--cb-kwargs must be a JSON object" in not_object.stderr
+
+
 def test_parse_runs_the_named_callback_with_its_context() -> None:
     data = {"category": "toys", "rank": 2, "listing_page": 9}
     with SandboxServer() as server:

@@ -335,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--spider", help="FILE.py:Class or module:Class (default: follow links)")
     pp.add_argument("--callback", help="the spider method to call (default parse)")
     pp.add_argument("--data", help="the callback's context, a JSON object (page.data)")
+    pp.add_argument(
+        "--cb-kwargs",
+        help="keyword arguments for the callback, a JSON object (Scrapy's --cbkwargs)",
+    )
     pp.add_argument("--scope", choices=("host", "domain", "any"), default="host")
     pp.add_argument("--allow-private", action="append", default=[], metavar="ADDR_OR_CIDR")
     pp.add_argument("--json", action="store_true", help="one JSON object")
@@ -595,6 +599,19 @@ def _fetch_for_dev(a: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
+def _json_object(text: str | None, flag: str) -> dict[str, Any] | None:
+    """A flag's JSON object, or UsageError naming the flag."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag} must be a JSON object")
+    return value
+
+
 def cmd_parse(a: argparse.Namespace) -> int:
     from .devloop import DevLoopError, format_parsed, parse_once
     from .parse import load_spider
@@ -604,18 +621,13 @@ def cmd_parse(a: argparse.Namespace) -> int:
         a.callback.startswith("_") or not callable(getattr(spider, a.callback, None))
     ):
         raise UsageError(f"unknown callback {a.callback!r}: {spider.__name__} has no such method")
-    data = None
-    if a.data is not None:
-        try:
-            data = json.loads(a.data)
-        except ValueError as exc:
-            raise UsageError(f"--data is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise UsageError("--data must be a JSON object")
+    data, cb_kwargs = _json_object(a.data, "--data"), _json_object(a.cb_kwargs, "--cb-kwargs")
     res = _fetch_for_dev(a)
     try:
-        out = parse_once(a.spider, res, callback=a.callback, data=data, scope=a.scope)
-    except (ValueError, DevLoopError) as exc:
+        out = parse_once(
+            a.spider, res, callback=a.callback, data=data, scope=a.scope, cb_kwargs=cb_kwargs
+        )
+    except (ValueError, TypeError, DevLoopError) as exc:  # TypeError: cb_kwargs it cannot take
         raise UsageError(str(exc)) from None
     print(json.dumps(out.as_json(), ensure_ascii=False) if a.json else format_parsed(out))
     return 1 if out.error else 0

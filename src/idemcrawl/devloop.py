@@ -79,9 +79,14 @@ class ParsedOnce:
         return dict(self.__dict__)
 
 
-def request_spec(callback: str | None, data: dict[str, Any] | None) -> RequestSpec | None:
-    """The spec a page fetched for ``callback`` with context ``data`` would have carried."""
-    req = Request("http://spec.invalid/", callback, data)
+def request_spec(
+    callback: str | None,
+    data: dict[str, Any] | None,
+    cb_kwargs: dict[str, Any] | None = None,
+) -> RequestSpec | None:
+    """The spec a page fetched for ``callback`` with context ``data`` (and ``cb_kwargs``)
+    would have carried."""
+    req = Request("http://spec.invalid/", callback, data, cb_kwargs=cb_kwargs)
     return req.spec()
 
 
@@ -92,15 +97,17 @@ def parse_once(
     callback: str | None = None,
     data: dict[str, Any] | None = None,
     scope: str = "host",
+    cb_kwargs: dict[str, Any] | None = None,
 ) -> ParsedOnce:
     """Run ``callback`` (``parse`` by default) of the spider on the response, as the crawl's
     parser would, and describe the records and requests it would store."""
     parser = Parser(
         spider_spec, frozenset({urls.host_key(res.url)}), scope, simhash=False, trace_frames=None
     )
-    spec = request_spec(callback, data)
-    if spec is not None and spec.callback is not None:
-        parser.check_request(Request(res.url, spec.callback))  # unknown: a clear error now
+    spec = request_spec(callback, data, cb_kwargs)
+    if spec is not None and (spec.callback is not None or cb_kwargs):
+        # An unknown callback, or cb_kwargs it cannot take: a clear error now.
+        parser.check_request(Request(res.url, spec.callback, cb_kwargs=cb_kwargs))
     job = ParseJob(res.url, res.status, res.headers, res.body, 0, "page", spec)
     result = parser.run(job)
     out = ParsedOnce(
