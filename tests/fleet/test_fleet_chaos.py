@@ -15,7 +15,26 @@ from idemcrawl.lab.testsite.multihost import HostSpec, cross_host_links
 
 from ..frontier.conftest import in_ci
 
-pytestmark = pytest.mark.slow
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"outage": "reboot"}, "--outage must be one of"),
+        ({"servers": 1, "outage_server": 1}, "--outage-server must be 0..0"),
+        ({"kills": 5, "members": 4}, "--kills must be between 0 and --members"),
+        ({"durable": False}, "a server crash needs durable servers"),
+        ({"partitions": 2, "servers": 3}, "--partitions must be at least --servers"),
+    ],
+)
+def test_bad_options_are_refused_before_any_server_starts(
+    kw: dict[str, object], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idemcrawl.cli import main
+
+    with pytest.raises(ValueError, match=message):
+        FleetChaosOptions(**kw)  # type: ignore[arg-type]
+    assert main(["chaos", "--fleet", "--kills", "9"]) == 2
+    assert "--kills must be between" in capsys.readouterr().err
 
 
 def test_cross_host_links_reach_every_host_from_one_seed() -> None:
@@ -35,6 +54,7 @@ def test_cross_host_links_reach_every_host_from_one_seed() -> None:
     assert cross_host_links(bases[:1], specs[:1], 0, 0) == []
 
 
+@pytest.mark.slow
 def test_one_seed_crawl_across_partitions_survives_kills_and_a_server_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
