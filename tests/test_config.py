@@ -296,7 +296,7 @@ def test_scrapy_offs_and_zeroes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         ({"db": "x.db"}, "db is the operator's to give"),
         ({"allow_private": ["127.0.0.1"]}, "allow_private is the operator's to give"),
         ({"COOKIES_ENABLED": True}, "keep_cookies = True or False on the spider"),
-        ({"LOG_LEVEL": "INFO"}, "self.logger is a standard logging.Logger"),
+        ({"LOG_FILE": "x.log"}, "self.logger is a standard logging.Logger"),
         ({"FEEDS": {}}, "idemcrawl export"),
         ({"ITEM_PIPELINES": {}}, "process_record"),
         ({"HTTPCACHE_ENABLED": True}, "reparse"),

@@ -31,6 +31,8 @@ from idemcrawl.parse import (
     start_links,
 )
 
+from .helpers import run_python
+
 SCOPE = frozenset({"http://a.test"})
 
 
@@ -386,6 +388,47 @@ def test_spider_logger_is_named_after_the_spider(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.INFO, logger="kw"):
         spider.logger.info("parsed %d items", 3)
     assert [(r.name, r.getMessage()) for r in caplog.records] == [("kw", "parsed 3 items")]
+
+
+_LOG_SCRIPT = """
+import logging
+from idemcrawl.parse import Spider, load_spider
+class Chatty(Spider):
+    name = "chatty"
+    custom_settings = SETTINGS
+spider = Chatty()
+spider.logger.debug("a detail")
+spider.logger.info("parsed %d items", 3)
+spider.logger.warning("a gap")
+"""
+
+
+@pytest.mark.parametrize(
+    ("settings", "shown"),
+    [
+        (None, ["[chatty] INFO: parsed 3 items", "[chatty] WARNING: a gap"]),
+        ({"LOG_LEVEL": "DEBUG"}, ["[chatty] DEBUG: a detail", "[chatty] INFO: parsed 3 items",
+                                  "[chatty] WARNING: a gap"]),
+        ({"LOG_LEVEL": "WARNING"}, ["[chatty] WARNING: a gap"]),
+        ({"LOG_ENABLED": False}, []),
+    ],
+)  # fmt: skip
+def test_spider_logs_reach_stderr_from_info_as_in_scrapy(
+    settings: dict[str, Any] | None, shown: list[str]
+) -> None:
+    """Where nothing set up logging (a crawl's parser process), ``self.logger.info`` is
+    shown, named after the spider; LOG_LEVEL / LOG_ENABLED in custom_settings change it."""
+    code = _LOG_SCRIPT.replace("SETTINGS", repr(settings))
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == shown
+
+
+def test_a_bad_log_level_stops_the_spider_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = type("Loud", (Spider,), {"custom_settings": {"LOG_LEVEL": "LOUD"}})
+    module = _module_spiders(monkeypatch, Loud=cls)
+    with pytest.raises(SpiderLoadError, match="LOG_LEVEL'\\] must be one of DEBUG"):
+        load_spider(f"{module}:Loud")
 
 
 @pytest.mark.parametrize(

@@ -422,16 +422,16 @@ SCRAPY_SETTINGS: dict[str, tuple[str, Any]] = {
 }
 _LOGS = (
     "the crawl's progress goes to stderr (--quiet, --json); self.logger is a standard "
-    "logging.Logger, set up with Python's logging"
+    "logging.Logger (LOG_LEVEL and LOG_ENABLED set its level), set up with Python's logging"
 )
+#: Scrapy settings the spider itself applies (``parse.spider_log_level``), not the crawl.
+SPIDER_OWN = frozenset({"LOG_LEVEL", "LOG_ENABLED"})
 _EXPORT = "records are in the crawl database: idemcrawl export --db DB --format jsonl|csv|parquet"
 _AUTOTHROTTLE = "the adaptive delay is latency_factor and fast_latency (--latency-factor)"
 #: Scrapy settings refused with what to do instead: each names something idemcrawl does
 #: differently or that is not a spider's to decide.
 SCRAPY_REFUSED: dict[str, str] = {
     "COOKIES_ENABLED": "set keep_cookies = True or False on the spider",
-    "LOG_LEVEL": _LOGS,
-    "LOG_ENABLED": _LOGS,
     "LOG_FILE": _LOGS,
     "LOG_FORMAT": _LOGS,
     "LOG_STDOUT": _LOGS,
@@ -489,6 +489,8 @@ def spider_settings(spider: type) -> dict[str, Any]:
                 if key in ("ROBOTSTXT_OBEY", "ignore_robots")
                 else f"{where}: {key} is the operator's to give (a crawl flag or --config)"
             )
+        if key in SPIDER_OWN:
+            continue  # the spider's logger level (checked when the spider loads)
         if key in SCRAPY_REFUSED:
             raise ConfigError(f"{where} has no idemcrawl equivalent: {SCRAPY_REFUSED[key]}")
         if key in SCRAPY_SETTINGS:

@@ -888,6 +888,28 @@ class Page:
         return list(out)[:MAX_REQUISITES]
 
 
+#: Spider loggers this process has set up (``Spider.logger``).
+_LOGGERS_READY: set[str] = set()
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def spider_log_level(cls: type) -> int:
+    """The level of a spider's ``self.logger``: INFO, or its ``custom_settings``
+    ``LOG_LEVEL`` (one of DEBUG … CRITICAL); ``LOG_ENABLED: False`` silences it."""
+    raw = getattr(cls, "custom_settings", None) or {}
+    if not isinstance(raw, Mapping):
+        return logging.INFO  # refused with its reason by config.spider_settings
+    if raw.get("LOG_ENABLED", True) is False:
+        return logging.CRITICAL + 1
+    level = raw.get("LOG_LEVEL", "INFO")
+    if level not in _LOG_LEVELS:
+        raise SpiderLoadError(
+            f"{cls.__name__}.custom_settings['LOG_LEVEL'] must be one of "
+            f"{', '.join(_LOG_LEVELS)}, got {level!r}"
+        )
+    return int(getattr(logging, level))
+
+
 class Spider:
     """Subclass this: set ``name`` (the records' source) and implement ``parse``.
 
@@ -937,10 +959,20 @@ class Spider:
 
     @property
     def logger(self) -> logging.Logger:
-        """A standard logger named after the spider, as Scrapy's ``self.logger``; its records
-        go wherever the process's logging sends them (warnings and above reach stderr when
-        nothing is configured)."""
-        return logging.getLogger(str(self.name))
+        """A standard logger named after the spider, as Scrapy's ``self.logger``. Unless the
+        program set up logging itself, its records reach stderr as ``[name] LEVEL: message``
+        from INFO up, as Scrapy shows them (``custom_settings`` ``LOG_LEVEL`` / ``LOG_ENABLED``
+        change that, for this spider only)."""
+        log = logging.getLogger(str(self.name))
+        if log.name not in _LOGGERS_READY:
+            _LOGGERS_READY.add(log.name)
+            log.setLevel(spider_log_level(type(self)))
+            if not log.handlers and not logging.getLogger().handlers:
+                handler = logging.StreamHandler(sys.stderr)
+                handler.setFormatter(logging.Formatter("[%(name)s] %(levelname)s: %(message)s"))
+                log.addHandler(handler)
+                log.propagate = False
+        return log
 
     def process_record(self, record: Record) -> Record | None:
         """Clean a record before it is validated and stored; None drops it."""
@@ -1211,6 +1243,7 @@ def load_spider(spec: str | None) -> type[Spider]:
         )
     _check_spider_methods(cls)
     allowed_domains(cls)
+    spider_log_level(cls)
     return cls
 
 
