@@ -26,7 +26,7 @@ from idemcrawl.config import (
     parse_host_flag,
     spider_settings,
 )
-from idemcrawl.parse import Spider
+from idemcrawl.parse import Spider, load_spider
 from idemcrawl.url import InvalidURL
 from idemcrawl.version import DEFAULT_USER_AGENT
 
@@ -262,13 +262,13 @@ def test_spider_settings_sit_between_defaults_and_the_operators(
         },
     )
     db = str(tmp_path / "c.db")
-    cfg = layered_config(None, {"db": db, "seeds": [SEED], "spider": spec})
+    cfg = layered_config(None, {"db": db, "seeds": [SEED], "spider": spec}, None, load_spider)
     assert (cfg.delay, cfg.concurrency, cfg.host_concurrency) == (2.5, 8, 2)
     assert cfg.user_agent == "porter/1 (+https://example.org)" and cfg.max_depth == 4
     assert cfg.max_redirects == 2 and not cfg.ignore_robots
     # The config file beats the spider, a flag beats both.
     path = _toml(tmp_path, f'spider = "{spec}"\ndelay = 1.5\nconcurrency = 4\n')
-    cfg = layered_config(path, {"db": db, "seeds": [SEED], "concurrency": 32})
+    cfg = layered_config(path, {"db": db, "seeds": [SEED], "concurrency": 32}, None, load_spider)
     assert (cfg.delay, cfg.concurrency, cfg.host_concurrency) == (1.5, 32, 2)
 
 
@@ -334,11 +334,14 @@ def test_allowed_domains_make_the_default_scope_any(
 ) -> None:
     spec = _spider(monkeypatch, allowed_domains=["example.org"])
     db = str(tmp_path / "c.db")
-    assert layered_config(None, {"db": db, "seeds": [SEED], "spider": spec}).scope == "any"
-    given = {"db": db, "seeds": [SEED], "spider": spec, "scope": "host"}
-    assert layered_config(None, given).scope == "host"  # both filters then apply
+    given = {"db": db, "seeds": [SEED], "spider": spec}
+    assert layered_config(None, given, None, load_spider).scope == "any"
+    # an explicit --scope stays (both filters then apply); without the loader, no spider layer
+    assert layered_config(None, {**given, "scope": "host"}, None, load_spider).scope == "host"
+    assert layered_config(None, given).scope == "host"
     plain = _spider(monkeypatch)
-    assert layered_config(None, {"db": db, "seeds": [SEED], "spider": plain}).scope == "host"
+    given = {"db": db, "seeds": [SEED], "spider": plain}
+    assert layered_config(None, given, None, load_spider).scope == "host"
 
 
 def test_crawl_help_groups_every_option() -> None:

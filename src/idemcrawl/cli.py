@@ -21,7 +21,7 @@ from .export import ExportError
 from .failures import CRAWL_EXIT_STATUSES, failure_lines
 from .frontier import FrontierError, open_frontier
 from .lab import commands as lab_commands
-from .parse import SpiderLoadError
+from .parse import SpiderLoadError, load_spider
 from .preflight import refused_seeds
 from .render import RenderError
 from .status import status_dict, status_lines
@@ -409,7 +409,7 @@ def cmd_crawl(a: argparse.Namespace) -> int:
         host_maxes=a.host_max,
         host_budgets=a.host_budget,
     )
-    cfg = layered_config(a.config, given, lists)
+    cfg = layered_config(a.config, given, lists, load_spider)
     starts = _start_urls(cfg)
     refused = refused_seeds((*cfg.seeds, *cfg.sitemaps, *starts), cfg.allow_private)
     if refused:  # a setting, not a failure to remember: nothing is written (R18, #18)

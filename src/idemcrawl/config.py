@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -647,10 +647,15 @@ class FlagLists:
 
 
 def layered_config(
-    path: str | None, given: Mapping[str, Any], lists: FlagLists | None = None
+    path: str | None,
+    given: Mapping[str, Any],
+    lists: FlagLists | None = None,
+    load_spider: Callable[[str], type] | None = None,
 ) -> CrawlConfig:
     """Defaults, then the spider's settings (:func:`spider_settings`), then the config file at
     ``path``, then the settings ``given`` on the command line: the operator's word is last.
+    The spider's settings are read through ``load_spider`` (``parse.load_spider``, as ``crawl``
+    passes it; without it a spider's ``custom_settings`` and ``allowed_domains`` do not apply).
 
     ``given`` holds only flags the user actually typed, under their :data:`FILE_KEYS` names
     (``seeds`` for seed URLs); each replaces the file's value. Returns a validated config, or
@@ -667,9 +672,9 @@ def layered_config(
     if path:
         settings, overrides = load_config_file(path)
     spider = given.get("spider", settings.get("spider"))
-    if spider:
-        from .parse import load_spider  # SpiderLoadError names the spider's own problem
-
+    if spider and load_spider is not None:
+        # The spider API (parse.py) stands above this module: its loader is handed in
+        # (SpiderLoadError names the spider's own problem).
         settings = {**spider_settings(load_spider(str(spider))), **settings}
     settings.update(given)
     table: dict[str, list[Any]] = {h: [d, m] for h, d, m in overrides}
