@@ -151,7 +151,7 @@ def test_a_crawl_started_while_its_server_is_down_waits_for_it(tmp_path: Path) -
         proc = spawn_cli(
             "crawl", site.seed_urls[0], "--db", f"{server.dsn}?schema=waits",
             "--allow-private", "127.0.0.1", "--delay", "0", "--no-warc", "--db-wait", "60",
-            "--json",
+            "--json", env={"TMPDIR": str(tmp_path)},  # its owner slot: none left in /tmp
         )  # fmt: skip
         time.sleep(2.5)
         assert proc.poll() is None  # still waiting, not gone

@@ -189,6 +189,8 @@ def _run(
         "parse_workers = 0\n"
     )
     out_log = work / "crawl.log"
+    # The members' owner slots (owner.py, under TMPDIR) stay in the work directory.
+    child_env = {**os.environ, "TMPDIR": str(work)}
     with MultiHostServer(specs, cross_links=opts.one_seed) as site:
         seeds = site.seed_urls[:1] if opts.one_seed else site.seed_urls
         extra = ["--scope", opts.scope] if opts.scope else []
@@ -200,7 +202,9 @@ def _run(
                 "--concurrency", str(opts.concurrency), "--quiet", *extra,
             ]  # fmt: skip
             with out_log.open("ab") as out:
-                return subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
+                return subprocess.Popen(
+                    cmd, stdout=out, stderr=out, start_new_session=True, env=child_env
+                )
 
         t0 = time.monotonic()
         timeline: list[tuple[float, str]] = []
