@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from ..frontier import retry_while_away
 from ..frontier.base import (
     Completion,
     Failure,
@@ -198,26 +199,25 @@ class PartitionedFrontier:
 
     def _open_partition(self, p: int, retry_seconds: float, deadline: float) -> PartitionFrontier:
         """Open partition ``p``; a server that is away (restarting) is waited for until
-        ``deadline``, as a running member waits for it, instead of failing the start."""
-        pause = 0.2
-        while True:
-            try:
-                return PartitionFrontier(
-                    self.pmap.server(p),
-                    p,
-                    schema=self.pmap.schema(p),
-                    partitions=self.pmap.partitions,
-                    create=False,
-                    retry_seconds=retry_seconds,
-                )
-            except FrontierError as exc:
-                away = isinstance(exc.__cause__, psycopg.OperationalError)
-                if not away or time.monotonic() + pause > deadline:
-                    raise
-                if self._say:
-                    self._say(f"partition {p}: waiting for its server ({exc})")
-                time.sleep(pause)
-                pause = min(pause * 2, 2.0)
+        ``deadline``, as a running member waits for it, instead of failing the start
+        (``frontier.retry_while_away``, which ``open_frontier`` waits with too)."""
+
+        def waiting(exc: FrontierError) -> None:
+            if self._say:
+                self._say(f"partition {p}: waiting for its server ({exc})")
+
+        return retry_while_away(
+            lambda: PartitionFrontier(
+                self.pmap.server(p),
+                p,
+                schema=self.pmap.schema(p),
+                partitions=self.pmap.partitions,
+                create=False,
+                retry_seconds=retry_seconds,
+            ),
+            deadline,
+            waiting,
+        )
 
     def _part(self, partition: int) -> PartitionFrontier:
         part = self.parts.get(partition)
