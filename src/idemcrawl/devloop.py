@@ -118,14 +118,15 @@ def parse_once(
         out.records.append({"source": r.source, "key": r.key, "data": json.loads(r.data_json)})
     for u in result.links:
         s = u.request
+        context, kwargs = split_context(s.data if s else None)
         out.requests.append(
             {
                 "url": request_url(u.url),
                 "key": u.url,
                 "method": s.method if s else "GET",
                 "callback": (s.callback if s else None) or "parse",
-                "data": split_context(s.data)[0] if s else {},
-                "cb_kwargs": split_context(s.data)[1] if s else {},
+                "data": context,
+                "cb_kwargs": kwargs,
                 "headers": s.header_pairs() if s else [],
                 "body": s.body.decode("utf-8", "replace") if s and s.body else None,
                 "priority": u.priority,

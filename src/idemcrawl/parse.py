@@ -160,6 +160,23 @@ def _check_cb_kwargs_keys(cb_kwargs: Any) -> None:
             raise TypeError(f"Request cb_kwargs keys must be argument names, got {name!r}")
 
 
+#: Scrapy ``Request`` arguments with no counterpart here, and what to do instead.
+_SCRAPY_REQUEST_ARGS = {
+    "dont_filter": "a request's identity is method + URL + body and it is fetched once per "
+    "crawl; --recrawl revisits on a schedule, and another body or method is another request",
+    "errback": "a request that fails for good is recorded with its reason (the end of crawl "
+    "and idemcrawl status list them; reparse --where-failed parses stored pages again); no "
+    "spider method is called for it",
+    "cookies": "cookies come from the crawl's jar (keep_cookies, on by default); send one of "
+    "your own with headers={'Cookie': ...}",
+    "encoding": "a str body is sent as UTF-8; give bytes for another encoding",
+    "flags": "there are no request flags; data= carries your own markers",
+    "formdata": "from_form(page, css, data) submits a page's form; Request(url, method='POST', "
+    "body=urlencode(fields), headers={'Content-Type': 'application/x-www-form-urlencoded'}) "
+    "sends fields of your own",
+}
+
+
 #: Scrapy's special ``Request.meta`` keys: settings for its middlewares, not context. Nothing
 #: here reads them, so each is refused with what idemcrawl does instead (the rest of ``meta``
 #: is the callback's context, ``page.meta``).
@@ -190,7 +207,7 @@ _SCRAPY_META = {
     "depth": "the depth is page.depth, counted by the crawl (--max-depth)",
     "playwright": "Request(url, render=True) renders the page in headless Chromium",
     "splash": "Request(url, render=True) renders the page in headless Chromium",
-    "dont_filter": "the same method + URL + body is fetched once per crawl; recrawl revisits",
+    "dont_filter": _SCRAPY_REQUEST_ARGS["dont_filter"],
 }
 
 
@@ -208,23 +225,6 @@ def _meta_as_data(meta: Any, data: dict[str, Any] | None) -> dict[str, Any]:
                 "meta= here is only the callback's context (page.meta)"
             )
     return meta
-
-
-#: Scrapy ``Request`` arguments with no counterpart here, and what to do instead.
-_SCRAPY_REQUEST_ARGS = {
-    "dont_filter": "a request's identity is method + URL + body and it is fetched once per "
-    "crawl; --recrawl revisits on a schedule, and another body or method is another request",
-    "errback": "a request that fails for good is recorded with its reason (the end of crawl "
-    "and idemcrawl status list them; reparse --where-failed parses stored pages again); no "
-    "spider method is called for it",
-    "cookies": "cookies come from the crawl's jar (keep_cookies, on by default); send one of "
-    "your own with headers={'Cookie': ...}",
-    "encoding": "a str body is sent as UTF-8; give bytes for another encoding",
-    "flags": "there are no request flags; data= carries your own markers",
-    "formdata": "from_form(page, css, data) submits a page's form; Request(url, method='POST', "
-    "body=urlencode(fields), headers={'Content-Type': 'application/x-www-form-urlencoded'}) "
-    "sends fields of your own",
-}
 
 
 def _refuse_request_arguments(other: dict[str, Any]) -> None:
@@ -396,19 +396,11 @@ class Node:
     def css(self, selector: str) -> Matches[Any]:
         """Elements under this one (and itself) that ``selector`` matches, as :class:`Node`;
         with ``::text`` or ``::attr(name)`` at the end, strings, as in parsel."""
-        if "::" in selector:
-            plan = _pseudo_plan(selector)
-            if plan is not None:
-                return _pseudo_matches(self._node, self._node.css, plan)
-        return Matches(map(Node, self._node.css(selector)))
+        return _css(self._node, self._node.css, selector)
 
     def css_first(self, selector: str) -> Any:
         """The first of :meth:`css`, or None."""
-        if "::" in selector:
-            found = self.css(selector)
-            return found[0] if found else None
-        n = self._node.css_first(selector)
-        return None if n is None else Node(n)
+        return _css_first(self._node, self._node.css, self._node.css_first, selector)
 
     def __repr__(self) -> str:
         return f"<Node {self.tag}>"
@@ -433,6 +425,32 @@ class Matches(list[T]):
 
     extract_first = get  # parsel's older names, still in many Scrapy spiders
     extract = getall
+
+
+def _css(
+    root: LexborNode | None, css: Callable[[str], list[LexborNode]], selector: str
+) -> Matches[Any]:
+    """``css()`` of a page (``root`` its tree's root) or of an element: :class:`Node`s, or
+    the strings of a ``::text`` / ``::attr()`` selector."""
+    if "::" in selector:
+        plan = _pseudo_plan(selector)
+        if plan is not None:
+            return _pseudo_matches(root, css, plan)
+    return Matches(map(Node, css(selector)))
+
+
+def _css_first(
+    root: LexborNode | None,
+    css: Callable[[str], list[LexborNode]],
+    css_first: Callable[[str], LexborNode | None],
+    selector: str,
+) -> Any:
+    """``css_first()``: selectolax's own first match, unless the selector has pseudo-elements."""
+    if "::" in selector:
+        found = _css(root, css, selector)
+        return found[0] if found else None
+    n = css_first(selector)
+    return None if n is None else Node(n)
 
 
 def _match_text(item: Any) -> str:
@@ -738,20 +756,14 @@ class Page:
         """Elements ``selector`` matches, as :class:`Node`, in document order; with ``::text``
         or ``::attr(name)`` at the end (``a.next::attr(href)``, ``p ::text``), strings, as
         parsel gives them. ``.get()`` / ``.getall()`` read the result as parsel's do."""
-        if "::" in selector:
-            plan = _pseudo_plan(selector)
-            if plan is not None:
-                return _pseudo_matches(self._tree.root, self._tree.css, plan)
-        return Matches(map(Node, self._tree.css(selector)))
+        tree = self._tree
+        return _css(tree.root, tree.css, selector)
 
     def css_first(self, selector: str) -> Any:
         """The first of :meth:`css` (a :class:`Node`, or a string for ``::text`` and
         ``::attr()``), or None."""
-        if "::" in selector:
-            found = self.css(selector)
-            return found[0] if found else None
-        n = self._tree.css_first(selector)
-        return None if n is None else Node(n)
+        tree = self._tree
+        return _css_first(tree.root, tree.css, tree.css_first, selector)
 
     @cached_property
     def _lxml_tree(self) -> Any:
@@ -855,9 +867,7 @@ class Page:
     def in_scope(self, url: str) -> bool:
         """Whether the crawl would follow ``url`` (normalised): in its scope and, when the
         spider has ``allowed_domains``, on one of them or a subdomain."""
-        return urls.in_scope(url, self._scope_hosts, self._scope) and (
-            not self._domains or urls.in_domains(url, self._domains)
-        )
+        return urls.in_scope(url, self._scope_hosts, self._scope, self._domains)
 
     def requisites(self) -> list[str]:
         """Absolute URLs of what the page needs to render (stylesheets, scripts, images, icons,
@@ -1845,9 +1855,7 @@ class Parser:
         except urls.InvalidURL:
             _count(result.rejected, "invalid_url")
             return None
-        if not urls.in_scope(u, self.scope_hosts, self.scope) or (
-            self.allowed_domains and not urls.in_domains(u, self.allowed_domains)
-        ):
+        if not urls.in_scope(u, self.scope_hosts, self.scope, self.allowed_domains):
             _count(result.rejected, "out_of_scope")
             return None
         return u

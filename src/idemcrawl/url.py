@@ -511,8 +511,12 @@ def _seed_site_keys(seed_host_keys: frozenset[str]) -> frozenset[str]:
 _MODES: Final = frozenset({"host", "domain", "any"})
 
 
-def in_scope(url: str, seed_host_keys: frozenset[str], mode: str) -> bool:
-    """Whether a normalised ``url`` may be crawled given the seeds' host keys.
+def in_scope(
+    url: str, seed_host_keys: frozenset[str], mode: str, domains: frozenset[str] = frozenset()
+) -> bool:
+    """Whether a normalised ``url`` may be crawled given the seeds' host keys and, when
+    ``domains`` is not empty (a spider's ``allowed_domains``), on one of them or a subdomain
+    (:func:`in_domains`) as well.
 
     ``mode``:
 
@@ -527,6 +531,8 @@ def in_scope(url: str, seed_host_keys: frozenset[str], mode: str) -> bool:
     """
     if mode not in _MODES:
         raise ValueError(f"unknown scope mode {mode!r}; expected one of {sorted(_MODES)}")
+    if domains and not in_domains(url, domains):
+        return False
     if mode == "any":
         return True
     if mode == "host":
