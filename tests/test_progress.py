@@ -162,6 +162,14 @@ def test_task_progress_without_total() -> None:
     assert (last["done"], last["total"], last["final"]) == (2, None, True)
 
 
+def test_a_task_that_raises_leaves_no_final_line() -> None:
+    """Its error is then the last (and, before any progress, the only) line a command says."""
+    out = io.StringIO()
+    with pytest.raises(RuntimeError), task_progress(None, "reparse", mode="json", stream=out):
+        raise RuntimeError("no WARC store")
+    assert out.getvalue() == ""
+
+
 def test_rate_meter_uses_a_sliding_window() -> None:
     m = RateMeter(window_s=10.0)
     assert m.add(0, 0.0) == 0.0

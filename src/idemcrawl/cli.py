@@ -679,24 +679,17 @@ COMMANDS = {
 }
 
 
-#: Commands whose --db must name an existing crawl. It is opened (and closed) once before the
-#: command runs, so a database it cannot use is reported like everywhere else, before the
-#: command prints anything (reparse's progress) or looks elsewhere first (reparse's WARC store).
-_OPENS_EXISTING = frozenset({"status", "export", "events", "reparse", "control", "serve"})
-
-
 def _check_databases(args: argparse.Namespace) -> None:
     """Every command's --db goes through here first: a server URL without the PostgreSQL
-    driver (a raw ImportError otherwise, from `db init` too) and a crawl that cannot be
-    opened end as one line through main()'s handler (a FrontierError)."""
+    driver (a raw ImportError otherwise, from `db init` too) ends as one line through
+    main()'s handler (a FrontierError). A crawl that cannot be opened is each command's own
+    FrontierError, reported the same way."""
     given = getattr(args, "db", None)
     for db in [given] if isinstance(given, str) else given or []:
         if db.startswith(("postgresql://", "postgres://")):
             from .frontier.postgres import require_driver
 
             require_driver()
-        if args.command in _OPENS_EXISTING:
-            open_frontier(db, create=False).close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -366,21 +366,23 @@ class TaskProgress:
         )
         self._last_emit = now
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = True) -> None:
+        """End the display; a task that did not finish (it raised) leaves no ``final`` line,
+        so its error is the last thing said (one line, as every command's error is)."""
         if self._closed:
             return
         self._closed = True
         if self._bar is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._bar.stop()
-        elif self.mode == "json":
+        elif self.mode == "json" and finished:
             self._emit(self._clock(), final=True)
 
     def __enter__(self) -> TaskProgress:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self.close(finished=exc_type is None)
 
 
 def task_progress(

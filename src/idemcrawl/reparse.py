@@ -50,13 +50,13 @@ def reparse(
     progress: Callable[[ReparseSummary], None] | None = None,
 ) -> ReparseSummary:
     """Re-parse every archived page (or only those whose parse failed) into the database."""
-    directory = warc_dir or default_warc_dir(db)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"no WARC store at {directory!r} (use --warc-dir)")
-    summary = ReparseSummary()
-    t0 = time.monotonic()
-    f = open_frontier(db, create=False)
+    f = open_frontier(db, create=False)  # a crawl it cannot use is said before the WARC store
     try:
+        directory = warc_dir or default_warc_dir(db)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"no WARC store at {directory!r} (use --warc-dir)")
+        summary = ReparseSummary()
+        t0 = time.monotonic()
         parser = Parser(spider, f.seed_hosts(), scope, limits or TrapLimits())
         after = 0
         while True:
