@@ -233,7 +233,6 @@ def _run(
                     procs[i] = crawl(up_server(i))
                 note(f"{opts.kills} members restarted")
             events.append((opts.kill_at, kill))
-        resumed = threading.Event()
         if opts.outage != "none":
             server = servers[opts.outage_server]
 
@@ -246,7 +245,6 @@ def _run(
             def back() -> None:
                 server.resume()
                 outage_on.clear()
-                resumed.set()
                 note(f"server {opts.outage_server} started again")
 
             events.append((opts.outage_at, outage))

@@ -139,7 +139,7 @@ class PgServer:
         if self.root is None:
             return
         with contextlib.suppress(PgServerError, subprocess.TimeoutExpired):
-            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+            self.crash()
         self._remove()
 
     def pause(self) -> None:
