@@ -143,5 +143,6 @@ __all__ = [
     "MemoryFrontier",
     "SQLiteFrontier",
     "open_frontier",
+    "retry_while_away",
     "split_schema",
 ]
