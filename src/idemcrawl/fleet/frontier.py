@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from ..frontier import retry_while_away
+from ..frontier.away import retry_while_away
 from ..frontier.base import (
     Completion,
     Failure,
@@ -200,7 +200,7 @@ class PartitionedFrontier:
     def _open_partition(self, p: int, retry_seconds: float, deadline: float) -> PartitionFrontier:
         """Open partition ``p``; a server that is away (restarting) is waited for until
         ``deadline``, as a running member waits for it, instead of failing the start
-        (``frontier.retry_while_away``, which ``open_frontier`` waits with too)."""
+        (``frontier.away.retry_while_away``, which ``open_frontier`` waits with too)."""
 
         def waiting(exc: FrontierError) -> None:
             if self._say:

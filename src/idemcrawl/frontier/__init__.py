@@ -9,11 +9,9 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .base import Frontier, FrontierError
-
-T = TypeVar("T")
 
 if TYPE_CHECKING:
     from .memory import MemoryFrontier
@@ -72,44 +70,9 @@ def open_frontier(
         if say is not None:
             say(f"waiting up to {wait:g} s for the database server: {exc}")
 
+    from .away import retry_while_away  # on first use: parser processes import this package
+
     return retry_while_away(lambda: _open(db, create), time.monotonic() + wait, waiting)
-
-
-def retry_while_away(
-    attempt: Callable[[], T],
-    deadline: float,
-    waiting: Callable[[FrontierError], None] | None = None,
-) -> T:
-    """``attempt()`` again, with a growing pause (0.25 s to 2 s), while it fails because a
-    database server is away (:func:`_server_away`) and ``deadline`` (monotonic) allows;
-    ``waiting`` hears the first such failure, once. Anything else is raised at once: opening
-    a crawl (``open_frontier``) and opening a fleet's partitions both wait this way."""
-    pause = 0.25
-    while True:
-        try:
-            return attempt()
-        except FrontierError as exc:
-            if not _server_away(exc) or time.monotonic() + pause > deadline:
-                raise
-            if waiting is not None and pause == 0.25:
-                waiting(exc)
-        time.sleep(pause)
-        pause = min(pause * 2, 2.0)
-
-
-_AWAY_STATES = frozenset({None, "57P01", "57P02", "57P03"})
-
-
-def _server_away(exc: BaseException) -> bool:
-    """A server that did not accept the connection (refused, unreachable) or is going down or
-    coming up (PostgreSQL's 57P01-57P03: shut down, crashed, "starting up" / "in recovery"),
-    as opposed to one that answered no (any other SQLSTATE: a password, a database)."""
-    cause = exc.__cause__
-    if cause is None or type(cause).__module__.split(".")[0] != "psycopg":
-        return False
-    import psycopg
-
-    return isinstance(cause, psycopg.OperationalError) and cause.sqlstate in _AWAY_STATES
 
 
 def _open(db: str, create: bool) -> Frontier:
@@ -143,6 +106,5 @@ __all__ = [
     "MemoryFrontier",
     "SQLiteFrontier",
     "open_frontier",
-    "retry_while_away",
     "split_schema",
 ]
